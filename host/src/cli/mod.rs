@@ -1,0 +1,35 @@
+//! `hexlora` subcommands: one file each; this file only dispatches.
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// hexlora: on-device LLM personalization.
+#[derive(Parser)]
+#[command(name = "hexlora", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the version and what this build contains.
+    Info,
+}
+
+/// Parses arguments, runs the subcommand, prints errors in one line.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: anyhow::Result<()> = match cli.command {
+        Command::Info => {
+            println!("hexlora {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The host's error type. Every user-facing failure names the thing that is
+//! wrong (file, tensor, field, shape) so nobody has to read a backtrace.
+//! Add variants here rather than stringly-typed errors when callers need to
+//! tell cases apart.
+use std::path::PathBuf;
+
+/// Errors of the hexlora host runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O error, with the path it happened on.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A file's contents are not what its format says (corrupt, truncated,
+    /// unsupported variant).
+    #[error("{what}: {msg}")]
+    Format {
+        /// What was being read (file name, tensor name, field).
+        what: String,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// A tensor or argument has the wrong shape.
+    #[error("shape mismatch in {what}: expected {expected:?}, got {got:?}")]
+    Shape {
+        /// Where the mismatch was found.
+        what: String,
+        /// The shape that was required.
+        expected: Vec<usize>,
+        /// The shape that was supplied.
+        got: Vec<usize>,
+    },
+    /// Something valid but not implemented (a quant type, an architecture).
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// A NaN or infinity where finite numbers are required.
+    #[error("non-finite value in {0}")]
+    NonFinite(String),
+    /// Invalid user input or configuration.
+    #[error("invalid {what}: {msg}")]
+    Invalid {
+        /// The argument, field or file.
+        what: String,
+        /// Why it is rejected.
+        msg: String,
+    },
+    /// The NPU service answered with an error or could not be reached.
+    #[error("npu: {0}")]
+    Npu(String),
+}
+
+/// Result with the host [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// A [`Error::Format`] error.
+    pub fn format(what: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Format { what: what.into(), msg: msg.into() }
+    }
+    /// An [`Error::Invalid`] error.
+    pub fn invalid(what: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Invalid { what: what.into(), msg: msg.into() }
+    }
+    /// An [`Error::Io`] error for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}

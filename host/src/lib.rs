@@ -1,0 +1,28 @@
+//! hexlora host runtime.
+//!
+//! Folder map (one concern each):
+//! - [`model`]: file formats (GGUF, safetensors), tokenizer, chat templates,
+//!   architecture descriptors and the Llama / Qwen3 / Qwen3.5 models;
+//! - [`projection`]: the one interface through which anything touches a
+//!   frozen base weight (forward and input-gradient);
+//! - [`ops`]: layer kernels as explicit forward/backward pairs (llm.c style);
+//! - [`autograd`]: the append-only tape and its fused nodes;
+//! - [`lora`], [`optim`], [`train`]: adapters, optimizers, the training loop;
+//! - [`npu`]: kernel planner, NPU client and transports;
+//! - [`eval`]: benchmarks, metrics, methods; [`hyper`]: the hypernetwork;
+//! - [`cli`]: the `hexlora` subcommands.
+pub mod autograd;
+pub mod cli;
+pub mod error;
+pub mod eval;
+pub mod hyper;
+pub mod lora;
+pub mod model;
+pub mod npu;
+pub mod ops;
+pub mod optim;
+pub mod projection;
+pub mod tensor;
+pub mod train;
+
+pub use error::{Error, Result};

@@ -1,0 +1,2 @@
+//! Model files, tokenizer and architectures.
+pub mod source;

@@ -1,0 +1,82 @@
+//! The one interface through which anything touches a frozen base weight.
+//!
+//! With LoRA every training step multiplies by each frozen `W` (`[out, in]`,
+//! PyTorch `nn.Linear` layout) in two directions:
+//!
+//! - [`Direction::Forward`]: `Y = X W^T`, `X: [tokens, in] -> Y: [tokens, out]`
+//!   (also the activation recompute);
+//! - [`Direction::InputGrad`]: `dX = dY W`, `dY: [tokens, out] -> dX: [tokens, in]`.
+//!
+//! There is never a weight gradient. Models, the training graph and the
+//! hypernetwork hold `Arc<dyn Projection>` and nothing else of `W`, so the
+//! split runtime can route each projection to the DSP service (or back to the
+//! CPU) without touching model code.
+use crate::{Error, Result};
+
+/// Which product with the frozen weight is wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// `Y = X W^T`.
+    Forward,
+    /// `dX = dY W`.
+    InputGrad,
+}
+
+/// What a projection belongs to; drives the precision policy (recurrent
+/// projections stay FP16 on the NPU, attention and MLP go Q8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProjectionKind {
+    /// q/k/v/o of an attention block.
+    Attention,
+    /// gate/up/down of an MLP block.
+    Mlp,
+    /// Gated DeltaNet projections (in_proj_*, out_proj).
+    Recurrent,
+}
+
+/// Static description of one frozen projection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProjectionInfo {
+    /// Checkpoint name without the `.weight` suffix, e.g.
+    /// `model.layers.3.self_attn.q_proj` (the PEFT target names derive from it).
+    pub name: String,
+    /// Attention, MLP or recurrent.
+    pub kind: ProjectionKind,
+    /// Rows of `W`.
+    pub out_features: usize,
+    /// Columns of `W`.
+    pub in_features: usize,
+}
+
+impl ProjectionInfo {
+    /// `(input width, output width)` for a direction.
+    pub fn widths(&self, dir: Direction) -> (usize, usize) {
+        match dir {
+            Direction::Forward => (self.in_features, self.out_features),
+            Direction::InputGrad => (self.out_features, self.in_features),
+        }
+    }
+
+    /// Checks buffer lengths for `tokens` rows in direction `dir`.
+    pub fn check_io(&self, dir: Direction, input: &[f32], tokens: usize, out: &[f32]) -> Result<()> {
+        let (w_in, w_out) = self.widths(dir);
+        if input.len() != tokens * w_in || out.len() != tokens * w_out {
+            return Err(Error::Shape {
+                what: format!("{} ({dir:?})", self.name),
+                expected: vec![tokens * w_in, tokens * w_out],
+                got: vec![input.len(), out.len()],
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A frozen weight and the two products with it.
+pub trait Projection: Send + Sync {
+    /// Name, kind and shape.
+    fn info(&self) -> &ProjectionInfo;
+
+    /// Computes the product for `tokens` rows of `input` into `out`
+    /// (overwritten). See the module docs for shapes.
+    fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()>;
+}

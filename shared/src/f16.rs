@@ -1,0 +1,1 @@
+//! (being written: see issue 2/3)
