@@ -1,1 +1,0 @@
-//! (being written: see issue 2/3)
