@@ -1,1 +1,119 @@
-//! (being written: see issue 2/3)
+//! Per-row power-of-two rescaling: the policy both sides agree on.
+//!
+//! Activations and gradients stay floating point; before the FP16 product
+//! each row is multiplied by `2^k` so its max |value| lands in
+//! `[2^(TARGET_EXP-1), 2^TARGET_EXP)`. Powers of two make the scaling and the
+//! unscaling exact (barring f32 underflow of the final result). If any partial
+//! sum of a row's product is non-finite or reaches [`PARTIAL_SUM_LIMIT`], only
+//! that row is re-sent with a further `2^RETRY_STEP_EXP`, at most
+//! [`MAX_RETRIES`] times; after that the request fails and the host falls back.
+
+/// Exponent of the target row maximum: rows are scaled to just below 2^12.
+pub const TARGET_EXP: i32 = 12;
+
+/// A partial sum whose magnitude reaches this (or is non-finite) triggers a
+/// retry of its row. Kept under the f16 maximum 65504 with headroom.
+pub const PARTIAL_SUM_LIMIT: f32 = 60000.0;
+
+/// Each retry scales the row by a further `2^RETRY_STEP_EXP`.
+pub const RETRY_STEP_EXP: i32 = -8;
+
+/// A row is re-sent at most this many times.
+pub const MAX_RETRIES: u32 = 3;
+
+/// `floor(log2(x))` for finite `x > 0` (subnormals included), from the bits.
+fn floor_log2(x: f32) -> i32 {
+    let bits = x.to_bits() & 0x7fff_ffff;
+    let biased = (bits >> 23) as i32;
+    if biased != 0 {
+        return biased - 127;
+    }
+    // Subnormal: value = mantissa * 2^-149.
+    let top = 31 - bits.leading_zeros() as i32;
+    top - 149
+}
+
+/// The exponent `k` for a row whose max |value| is `max_abs`, so that
+/// `max_abs * 2^k` lies in `[2^(TARGET_EXP-1), 2^TARGET_EXP)`.
+///
+/// Returns 0 for an all-zero row (or a non-finite `max_abs`, which callers
+/// must reject before getting here).
+pub fn row_exponent(max_abs: f32) -> i32 {
+    if !(max_abs.is_finite() && max_abs > 0.0) {
+        return 0;
+    }
+    TARGET_EXP - 1 - floor_log2(max_abs)
+}
+
+/// The exponent after `retries` retries of a row whose first exponent was `k`.
+pub fn retry_exponent(k: i32, retries: u32) -> i32 {
+    k + RETRY_STEP_EXP * retries as i32
+}
+
+/// Whether a partial sum forces its row to be re-sent.
+#[inline]
+pub fn needs_retry(partial: f32) -> bool {
+    !partial.is_finite() || partial.abs() >= PARTIAL_SUM_LIMIT
+}
+
+/// `2^e` as an f32 for `e` in `[-126, 127]` (normal range, exact).
+#[inline]
+fn pow2_normal(e: i32) -> f32 {
+    debug_assert!((-126..=127).contains(&e));
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// `x * 2^k`, exact whenever the result is a normal f32 or zero.
+///
+/// Applied in steps so that `2^k` itself never leaves the normal range (a
+/// subnormal row may need `k` up to ~160).
+pub fn scale_pow2(mut x: f32, mut k: i32) -> f32 {
+    while k > 127 {
+        x *= pow2_normal(127);
+        k -= 127;
+    }
+    while k < -126 {
+        x *= pow2_normal(-126);
+        k += 126;
+    }
+    x * pow2_normal(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exponent_lands_row_max_in_target_octave() {
+        for &m in &[1.0f32, 0.75, 3.0e-3, 4095.0, 4096.0, 65504.0, 1.0e30, 1.0e-40, f32::MIN_POSITIVE] {
+            let k = row_exponent(m);
+            let scaled = scale_pow2(m, k);
+            assert!((2048.0..4096.0).contains(&scaled), "max {m} k {k} -> {scaled}");
+        }
+    }
+
+    #[test]
+    fn zero_and_non_finite_rows_get_exponent_zero() {
+        assert_eq!(row_exponent(0.0), 0);
+        assert_eq!(row_exponent(f32::NAN), 0);
+        assert_eq!(row_exponent(f32::INFINITY), 0);
+    }
+
+    #[test]
+    fn scaling_is_exact_both_ways() {
+        let x = 1.234_567_9e-41f32; // subnormal
+        let k = row_exponent(x);
+        assert!(k > 127);
+        assert_eq!(scale_pow2(scale_pow2(x, k), -k), x);
+        assert_eq!(scale_pow2(3.0, -2), 0.75);
+    }
+
+    #[test]
+    fn retry_policy() {
+        assert_eq!(retry_exponent(5, 3), -19);
+        assert!(needs_retry(60000.0));
+        assert!(needs_retry(-60000.0));
+        assert!(needs_retry(f32::NAN));
+        assert!(!needs_retry(59999.996));
+    }
+}
