@@ -62,6 +62,11 @@ pub enum BufferError {
         /// Bytes the reference names.
         got: u64,
     },
+    /// An output reference names a buffer the DSP may only read.
+    ReadOnly {
+        /// The buffer id.
+        buffer: u32,
+    },
     /// Input and output ranges overlap.
     Overlap {
         /// The buffer both ranges lie in.

@@ -40,7 +40,9 @@ fn map_error(e: postcard::Error) -> DecodeError {
     use postcard::Error as E;
     match e {
         E::DeserializeUnexpectedEnd => DecodeError::Truncated,
-        E::DeserializeBadEnum => DecodeError::BadTag,
+        // serde's derived enum visitor reports an unknown variant index as a
+        // custom error; our messages raise no other custom errors.
+        E::DeserializeBadEnum | E::SerdeDeCustom => DecodeError::BadTag,
         E::SerializeBufferFull => DecodeError::BufferFull,
         _ => DecodeError::BadValue,
     }

@@ -5,9 +5,8 @@ use core::ops::Range;
 
 /// Bytes of one f32 activation element.
 const F32_BYTES: u64 = 4;
-/// Bytes of one GGUF Q8_0 block (f16 scale + 32 i8) and values per block.
-const Q8_0_BLOCK_BYTES: u64 = 34;
-const Q8_0_BLOCK_VALUES: u64 = 32;
+const Q8_0_BLOCK_BYTES: u64 = crate::q8_0::BLOCK_BYTES as u64;
+const Q8_0_BLOCK_VALUES: u64 = crate::q8_0::QK8_0 as u64;
 
 impl WeightShape {
     /// Element count `rows * cols`, or `None` on overflow.
