@@ -1,1 +1,2 @@
-//! (being written)
+//! Training: data, the loop, activation budget, commits and resume.
+pub mod atomic_write;

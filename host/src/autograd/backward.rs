@@ -1,0 +1,64 @@
+//! The one reverse walk. Nodes were appended in execution order, so
+//! iterating them backwards visits every node after all its consumers.
+use super::tape::{Tape, Var};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+impl Tape {
+    /// Back-propagates from the scalar `loss` (seed gradient 1).
+    pub fn backward(&mut self, loss: Var) -> Result<()> {
+        if self.value(loss).len() != 1 {
+            return Err(Error::Shape {
+                what: "backward: loss must be a scalar".into(),
+                expected: vec![1],
+                got: self.value(loss).shape.clone(),
+            });
+        }
+        let seed = Tensor { shape: self.value(loss).shape.clone(), data: vec![1.0] };
+        self.backward_with(loss, seed)
+    }
+
+    /// Back-propagates the gradient `grad` of `out` (same shape as `out`).
+    /// Gradients of parameters accumulate (gradient accumulation across
+    /// calls works by not clearing them); intermediate ones are freed.
+    pub fn backward_with(&mut self, out: Var, grad: Tensor) -> Result<()> {
+        if grad.shape != self.value(out).shape {
+            return Err(Error::Shape {
+                what: "backward seed gradient".into(),
+                expected: self.value(out).shape.clone(),
+                got: grad.shape,
+            });
+        }
+        accumulate(&mut self.grads[out.0], grad);
+        let Tape { values, needs_grad, grads, nodes } = self;
+        for node in nodes.iter().rev() {
+            if !needs_grad[node.output.0] {
+                continue;
+            }
+            let Some(dout) = grads[node.output.0].take() else { continue };
+            let wanted: Vec<bool> = node.inputs.iter().map(|v| needs_grad[v.0]).collect();
+            let inputs: Vec<&Tensor> = node.inputs.iter().map(|v| &values[v.0]).collect();
+            let dinputs = node.kind.backward(&inputs, &values[node.output.0], dout, &wanted)?;
+            for ((v, d), want) in node.inputs.iter().zip(dinputs).zip(&wanted) {
+                if let (Some(d), true) = (d, want) {
+                    accumulate(&mut grads[v.0], d);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets all gradients (start of an optimizer step).
+    pub fn zero_grads(&mut self) {
+        self.grads.iter_mut().for_each(|g| *g = None);
+    }
+}
+
+/// `slot += grad` (or `slot = grad` when empty). The left-to-right order of
+/// additions is fixed by the walk, which keeps runs bit-identical.
+fn accumulate(slot: &mut Option<Tensor>, grad: Tensor) {
+    match slot {
+        None => *slot = Some(grad),
+        Some(acc) => acc.data.iter_mut().zip(&grad.data).for_each(|(a, g)| *a += g),
+    }
+}

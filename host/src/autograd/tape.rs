@@ -1,0 +1,94 @@
+//! The tape: an append-only arena of values and the nodes that made them.
+//!
+//! Every value (parameter, constant or node output) gets a [`Var`] index.
+//! Nodes are appended in execution order, so walking them backwards is
+//! already a topological order (`backward.rs`); there is no graph to sort.
+use super::nodes::NodeKind;
+use crate::tensor::Tensor;
+
+/// Handle to a value on a [`Tape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Var(pub(crate) usize);
+
+/// One recorded operation: what it was, what it read, what it wrote.
+pub(crate) struct Node {
+    pub kind: NodeKind,
+    pub inputs: Vec<Var>,
+    pub output: Var,
+}
+
+/// Values, their gradients and the nodes between them.
+#[derive(Default)]
+pub struct Tape {
+    pub(crate) values: Vec<Tensor>,
+    pub(crate) needs_grad: Vec<bool>,
+    pub(crate) grads: Vec<Option<Tensor>>,
+    pub(crate) nodes: Vec<Node>,
+}
+
+impl Tape {
+    /// An empty tape.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn push_value(&mut self, value: Tensor, needs_grad: bool) -> Var {
+        self.values.push(value);
+        self.needs_grad.push(needs_grad);
+        self.grads.push(None);
+        Var(self.values.len() - 1)
+    }
+
+    /// A value that receives no gradient (token embeddings, masks).
+    pub fn constant(&mut self, value: Tensor) -> Var {
+        self.push_value(value, false)
+    }
+
+    /// A value whose gradient [`Tape::backward`] computes and keeps (LoRA
+    /// factors, hypernetwork weights).
+    pub fn param(&mut self, value: Tensor) -> Var {
+        self.push_value(value, true)
+    }
+
+    /// Records a node; its output needs a gradient when any input does.
+    pub(crate) fn push(&mut self, kind: NodeKind, inputs: &[Var], value: Tensor) -> Var {
+        let needs_grad = inputs.iter().any(|v| self.needs_grad[v.0]);
+        let output = self.push_value(value, needs_grad);
+        self.nodes.push(Node { kind, inputs: inputs.to_vec(), output });
+        output
+    }
+
+    /// The value of `v`.
+    pub fn value(&self, v: Var) -> &Tensor {
+        &self.values[v.0]
+    }
+
+    /// Whether `v` takes part in the backward pass.
+    pub fn needs_grad(&self, v: Var) -> bool {
+        self.needs_grad[v.0]
+    }
+
+    /// The gradient of `v` after [`Tape::backward`]; kept for values that were
+    /// created with [`Tape::param`] (intermediate gradients are freed as the
+    /// walk passes them).
+    pub fn grad(&self, v: Var) -> Option<&Tensor> {
+        self.grads[v.0].as_ref()
+    }
+
+    /// Moves the gradient of `v` out of the tape.
+    pub fn take_grad(&mut self, v: Var) -> Option<Tensor> {
+        self.grads[v.0].take()
+    }
+
+    /// Number of recorded nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Bytes held by values and gradients (node-saved buffers excluded).
+    pub fn value_bytes(&self) -> usize {
+        let grads: usize = self.grads.iter().flatten().map(|g| g.len()).sum();
+        let values: usize = self.values.iter().map(|t| t.len()).sum();
+        4 * (grads + values)
+    }
+}

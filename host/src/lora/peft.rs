@@ -1,0 +1,186 @@
+//! PEFT adapter directories: `adapter_config.json` +
+//! `adapter_model.safetensors` with keys
+//! `base_model.model.<module>.lora_A.weight` (`[r, in]`) and `.lora_B.weight`
+//! (`[out, r]`), where `<module>` is the projection's checkpoint name
+//! (`model.layers.3.self_attn.q_proj`).
+use super::config::LoraConfig;
+use super::tensor_file::TensorFile;
+use crate::autograd::counter_rng;
+use crate::projection::ProjectionInfo;
+use crate::tensor::Tensor;
+use crate::train::atomic_write::write_atomic;
+use crate::{Error, Result};
+use std::path::Path;
+
+/// File names inside an adapter directory.
+pub const CONFIG_FILE: &str = "adapter_config.json";
+/// See [`CONFIG_FILE`].
+pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+
+/// The two factors of one adapted projection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraModule {
+    /// Projection checkpoint name without `.weight`.
+    pub name: String,
+    /// `lora_A.weight`, `[r, in]`.
+    pub a: Tensor,
+    /// `lora_B.weight`, `[out, r]`.
+    pub b: Tensor,
+}
+
+/// A LoRA adapter: configuration and factors, in projection order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adapter {
+    /// Hyper-parameters.
+    pub config: LoraConfig,
+    /// One entry per targeted projection.
+    pub modules: Vec<LoraModule>,
+}
+
+/// PEFT key of factor `which` (`"A"` or `"B"`) of `module`.
+pub fn peft_key(module: &str, which: &str) -> String {
+    format!("base_model.model.{module}.lora_{which}.weight")
+}
+
+impl Adapter {
+    /// PEFT's default initialisation for every targeted projection: `A` from
+    /// kaiming-uniform with `a = sqrt(5)` (uniform in `±1/sqrt(in)`), `B = 0`.
+    pub fn init(config: LoraConfig, projections: &[ProjectionInfo], seed: u64) -> Result<Adapter> {
+        let r = config.r;
+        let modules: Vec<LoraModule> = projections
+            .iter()
+            .filter(|p| config.targets(&p.name))
+            .enumerate()
+            .map(|(k, p)| {
+                let bound = 1.0 / (p.in_features as f32).sqrt();
+                let s = counter_rng::derive(seed, k as u64);
+                let a = (0..r * p.in_features).map(|i| (2.0 * counter_rng::uniform(s, i as u64) - 1.0) * bound).collect();
+                LoraModule { name: p.name.clone(), a: Tensor { shape: vec![r, p.in_features], data: a }, b: Tensor::zeros(&[p.out_features, r]) }
+            })
+            .collect();
+        if modules.is_empty() {
+            return Err(Error::invalid("target_modules", format!("{:?} match no projection of the model", config.target_modules)));
+        }
+        Ok(Adapter { config, modules })
+    }
+
+    /// The factors as a PEFT-keyed tensor file.
+    pub fn to_tensor_file(&self) -> TensorFile {
+        let mut f = TensorFile::default();
+        for m in &self.modules {
+            f.tensors.insert(peft_key(&m.name, "A"), m.a.clone());
+            f.tensors.insert(peft_key(&m.name, "B"), m.b.clone());
+        }
+        f.metadata.insert("format".into(), "pt".into());
+        f
+    }
+
+    /// Writes the directory (each file atomically).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let json = serde_json::to_vec_pretty(&self.config.to_json()).expect("json values serialise");
+        write_atomic(&dir.join(WEIGHTS_FILE), &self.to_tensor_file().to_bytes()?)?;
+        write_atomic(&dir.join(CONFIG_FILE), &json)
+    }
+
+    /// Reads a PEFT adapter directory.
+    pub fn load(dir: &Path) -> Result<Adapter> {
+        let cpath = dir.join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
+        let what = cpath.display().to_string();
+        let json = serde_json::from_str(&text).map_err(|e| Error::format(&what, e.to_string()))?;
+        let config = LoraConfig::from_json(&json, &what)?;
+        let file = TensorFile::read(&dir.join(WEIGHTS_FILE))?;
+        Self::from_tensor_file(config, &file, &dir.join(WEIGHTS_FILE).display().to_string())
+    }
+
+    /// Builds an adapter from PEFT-keyed tensors, checking pairs and ranks.
+    /// PEFT may write keys with an adapter name (`lora_A.default.weight`);
+    /// both forms are accepted.
+    pub fn from_tensor_file(config: LoraConfig, file: &TensorFile, what: &str) -> Result<Adapter> {
+        let mut modules = Vec::new();
+        for (key, a) in &file.tensors {
+            let Some(name) = key.strip_prefix("base_model.model.").and_then(|k| {
+                k.strip_suffix(".lora_A.weight").or_else(|| k.strip_suffix(".lora_A.default.weight"))
+            }) else {
+                if key.contains("lora_B") {
+                    continue;
+                }
+                return Err(Error::format(what, format!("unexpected tensor {key} (only LoRA A/B factors are supported)")));
+            };
+            let b = file
+                .tensors
+                .get(&peft_key(name, "B"))
+                .or_else(|| file.tensors.get(&format!("base_model.model.{name}.lora_B.default.weight")))
+                .ok_or_else(|| Error::format(what, format!("{key} has no lora_B partner")))?;
+            if a.shape.len() != 2 || b.shape.len() != 2 || a.shape[0] != config.r || b.shape[1] != config.r {
+                return Err(Error::Shape { what: format!("{what}: {name} factors for r={}", config.r), expected: vec![config.r], got: [a.shape.clone(), b.shape.clone()].concat() });
+            }
+            modules.push(LoraModule { name: name.into(), a: a.clone(), b: b.clone() });
+        }
+        if modules.len() * 2 != file.tensors.len() {
+            return Err(Error::format(what, "lora_B tensors without a lora_A partner"));
+        }
+        modules.sort_by_key(|m| module_order(&m.name));
+        Ok(Adapter { config, modules })
+    }
+
+    /// The module for projection `name`.
+    pub fn module(&self, name: &str) -> Option<&LoraModule> {
+        self.modules.iter().find(|m| m.name == name)
+    }
+}
+
+/// Sort key: layer number numerically, then name (file order is alphabetical,
+/// which would put layer 10 before layer 2).
+fn module_order(name: &str) -> (usize, String) {
+    let layer = name.split('.').find_map(|p| p.parse::<usize>().ok()).unwrap_or(usize::MAX);
+    (layer, name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::projection::ProjectionKind;
+
+    fn projections() -> Vec<ProjectionInfo> {
+        let p = |name: &str, o, i| ProjectionInfo { name: name.into(), kind: ProjectionKind::Attention, out_features: o, in_features: i };
+        vec![p("model.layers.0.self_attn.q_proj", 8, 6), p("model.layers.0.mlp.down_proj", 6, 10), p("model.layers.10.self_attn.q_proj", 8, 6)]
+    }
+
+    fn config() -> LoraConfig {
+        LoraConfig { r: 2, alpha: 4.0, target_modules: vec!["q_proj".into()], dropout: 0.1, use_rslora: false, base_model: "tiny".into() }
+    }
+
+    #[test]
+    fn init_targets_by_suffix_and_round_trips_through_a_directory() {
+        let mut ad = Adapter::init(config(), &projections(), 3).unwrap();
+        assert_eq!(ad.modules.len(), 2);
+        assert!(ad.modules[0].a.data.iter().all(|v| v.abs() <= 1.0 / 6f32.sqrt()));
+        assert!(ad.modules[0].b.data.iter().all(|&v| v == 0.0));
+        ad.modules[1].b.data[3] = 0.5;
+        let dir = tempfile::tempdir().unwrap();
+        ad.save(dir.path()).unwrap();
+        let back = Adapter::load(dir.path()).unwrap();
+        assert_eq!(back, ad);
+        assert_eq!(back.modules[1].name, "model.layers.10.self_attn.q_proj");
+        assert_eq!(back.config.scaling(), 2.0);
+    }
+
+    #[test]
+    fn rejects_unsupported_configs_and_unpaired_factors() {
+        let mut j = config().to_json();
+        j["use_dora"] = true.into();
+        assert!(LoraConfig::from_json(&j, "c").unwrap_err().to_string().contains("use_dora"));
+        let mut j = config().to_json();
+        j["target_modules"] = ".*q_proj".into();
+        assert!(LoraConfig::from_json(&j, "c").is_err());
+        let ad = Adapter::init(config(), &projections(), 3).unwrap();
+        let mut f = ad.to_tensor_file();
+        f.tensors.remove(&peft_key("model.layers.0.self_attn.q_proj", "B"));
+        let err = Adapter::from_tensor_file(config(), &f, "w").unwrap_err();
+        assert!(err.to_string().contains("no lora_B partner"), "{err}");
+        let no_match = LoraConfig { target_modules: vec!["nope".into()], ..config() };
+        assert!(Adapter::init(no_match, &projections(), 0).is_err());
+    }
+}

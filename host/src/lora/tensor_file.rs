@@ -1,0 +1,89 @@
+//! Named f32 tensors to and from safetensors bytes: adapters, gradient
+//! dumps and optimizer commits all use this. Reading accepts f32, f16 and
+//! bf16 (PEFT saves in the model's dtype) and converts to f32.
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use std::collections::{BTreeMap, HashMap};
+
+/// Tensors by name (sorted, so files are byte-identical run to run) plus
+/// the free-form string metadata of the header.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TensorFile {
+    /// The tensors.
+    pub tensors: BTreeMap<String, Tensor>,
+    /// `__metadata__` of the header.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl TensorFile {
+    /// Serialises every tensor as little-endian f32.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let bytes: Vec<(&String, Vec<u8>)> =
+            self.tensors.iter().map(|(k, t)| (k, t.data.iter().flat_map(|v| v.to_le_bytes()).collect())).collect();
+        let views = bytes
+            .iter()
+            .zip(self.tensors.values())
+            .map(|((k, b), t)| {
+                TensorView::new(Dtype::F32, t.shape.clone(), b)
+                    .map(|v| (k.as_str(), v))
+                    .map_err(|e| Error::format(k.as_str(), e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let meta = (!self.metadata.is_empty()).then(|| self.metadata.clone().into_iter().collect::<HashMap<_, _>>());
+        safetensors::tensor::serialize(views, meta).map_err(|e| Error::format("safetensors", e.to_string()))
+    }
+
+    /// Parses safetensors bytes; `what` names the file in errors.
+    pub fn from_bytes(bytes: &[u8], what: &str) -> Result<TensorFile> {
+        let st = SafeTensors::deserialize(bytes).map_err(|e| Error::format(what, e.to_string()))?;
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| Error::format(what, e.to_string()))?;
+        let mut tensors = BTreeMap::new();
+        for (name, view) in st.tensors() {
+            let data = to_f32(&view).map_err(|msg| Error::format(format!("{what}: tensor {name}"), msg))?;
+            tensors.insert(name, Tensor { shape: view.shape().to_vec(), data });
+        }
+        let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
+        Ok(TensorFile { tensors, metadata })
+    }
+
+    /// Reads a file.
+    pub fn read(path: &std::path::Path) -> Result<TensorFile> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Self::from_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// The tensor `name`, or an error naming the file and the tensor.
+    pub fn get(&self, name: &str, what: &str) -> Result<&Tensor> {
+        self.tensors.get(name).ok_or_else(|| Error::format(what, format!("missing tensor {name}")))
+    }
+}
+
+fn to_f32(view: &TensorView<'_>) -> std::result::Result<Vec<f32>, String> {
+    let b = view.data();
+    let v: Vec<f32> = match view.dtype() {
+        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        other => return Err(format!("dtype {other:?} is not supported (f32, f16, bf16 are)")),
+    };
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_tensors_and_metadata_and_rejects_garbage() {
+        let mut f = TensorFile::default();
+        f.tensors.insert("a".into(), Tensor::from_vec(&[2, 3], vec![1.0, -2.0, 3.5, 0.0, 1e-30, f32::MAX]).unwrap());
+        f.tensors.insert("loss".into(), Tensor::from_vec(&[1], vec![0.25]).unwrap());
+        f.metadata.insert("step".into(), "7".into());
+        let bytes = f.to_bytes().unwrap();
+        assert_eq!(TensorFile::from_bytes(&bytes, "x").unwrap(), f);
+        let err = TensorFile::from_bytes(&bytes[..bytes.len() - 3], "trunc.safetensors").unwrap_err();
+        assert!(err.to_string().contains("trunc.safetensors"), "{err}");
+        assert!(TensorFile::from_bytes(b"\xff\xff\xff\xff\xff\xff\xff\xffjunk", "junk").is_err());
+    }
+}
