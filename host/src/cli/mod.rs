@@ -1,5 +1,7 @@
 //! `hexlora` subcommands: one file each; this file only dispatches.
 use clap::{Parser, Subcommand};
+
+mod rouge;
 use std::process::ExitCode;
 
 /// hexlora: on-device LLM personalization.
@@ -14,6 +16,8 @@ struct Cli {
 enum Command {
     /// Print the version and what this build contains.
     Info,
+    /// Score prediction/reference pairs with ROUGE-1/2/L (rouge-score compatible).
+    Rouge(rouge::Args),
 }
 
 /// Parses arguments, runs the subcommand, prints errors in one line.
@@ -24,6 +28,7 @@ pub fn main() -> ExitCode {
             println!("hexlora {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        Command::Rouge(args) => rouge::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

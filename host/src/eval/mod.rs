@@ -1,1 +1,10 @@
-//! (being written)
+//! Evaluation: benchmark files, metrics, methods and reports.
+//!
+//! - [`task`], [`dataset`]: what a task is and one split grouped by user;
+//! - [`lamp`], [`longlamp`]: readers (and the LaMP writer) for those formats;
+//! - [`rouge`]: ROUGE-1/2/L identical to Python `rouge-score`.
+pub mod dataset;
+pub mod lamp;
+pub mod longlamp;
+pub mod rouge;
+pub mod task;
