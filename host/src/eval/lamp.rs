@@ -69,7 +69,7 @@ pub fn read_lamp(
         (None, Some(t)) => t.to_string(),
         (None, None) => return Err(Error::invalid(&what, "no outputs file, so the task name must be given")),
     };
-    let spec = TaskSpec::for_task(&task_name, labels)?;
+    let spec = TaskSpec::for_task(&task_name, labels).map_err(|e| Error::format(&what, e.to_string()))?;
     let mut gold_by_id: Option<BTreeMap<String, String>> = match &golds {
         Some(o) => {
             let mut m = BTreeMap::new();
@@ -85,10 +85,14 @@ pub fn read_lamp(
     let v = read_json(questions)?;
     let list = v.as_array().ok_or_else(|| Error::format(&what, "expected a list of questions"))?;
     let mut rows = Vec::with_capacity(list.len());
+    let mut ids = std::collections::BTreeSet::new();
     for (i, q) in list.iter().enumerate() {
         let at = format!("{what} [{i}]");
         let obj = q.as_object().ok_or_else(|| Error::format(&at, "question is not an object"))?;
         let id = string_field(obj, "id", &at)?;
+        if !ids.insert(id.clone()) {
+            return Err(Error::format(&at, format!("duplicate question id {id:?}")));
+        }
         let input = string_field(obj, "input", &at)?;
         let profile = profile_items(obj.get("profile").ok_or_else(|| Error::format(&at, "missing field `profile`"))?, &at)?;
         let user = match obj.get("user_id") {
