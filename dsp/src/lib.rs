@@ -3,9 +3,12 @@
 //! - [`rt`]: heap, log ring, defmt logger, simulator entry point;
 //! - [`skel`]: the FastRPC skel dispatch (`hexlora_skel_handle_invoke`);
 //! - [`selftest`]: the test registry that runs natively and under
-//!   qemu-hexagon.
+//!   qemu-hexagon;
+//! - [`kernels`]: the frozen-projection op (forward and input-gradient, FP16
+//!   and Q8_0) over [`vtcm`], [`dma`], [`hvx`] and [`tile`];
+//! - [`service`]: the request loop the skel calls.
 #![cfg_attr(not(test), no_std)]
-#![cfg_attr(target_arch = "hexagon", feature(asm_experimental_arch))]
+#![cfg_attr(target_arch = "hexagon", feature(asm_experimental_arch, stdarch_hexagon, hexagon_target_feature))]
 #![deny(missing_docs)]
 
 extern crate alloc;
@@ -13,3 +16,10 @@ extern crate alloc;
 pub mod rt;
 pub mod selftest;
 pub mod skel;
+
+pub mod dma;
+pub mod hvx;
+pub mod kernels;
+pub mod service;
+pub mod tile;
+pub mod vtcm;

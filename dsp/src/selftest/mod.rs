@@ -41,6 +41,11 @@ pub const SUITES: &[&[SelfTest]] = &[
     crate::rt::heap::SELFTESTS,
     crate::rt::PLATFORM_SELFTESTS,
     crate::skel::SELFTESTS,
+    crate::dma::selftests::SELFTESTS,
+    crate::hvx::selftests::SELFTESTS,
+    crate::tile::selftests::SELFTESTS,
+    crate::kernels::selftests::SELFTESTS,
+    crate::service::selftests::SELFTESTS,
 ];
 
 /// What a self-test returns.

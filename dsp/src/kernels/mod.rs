@@ -1,0 +1,238 @@
+//! The frozen-projection op, both directions, W resident as FP16 or Q8_0.
+//!
+//! - forward `Y = X W^T` ([`forward`]): stripes of 32 rows of W stream
+//!   through DMA; HVX turns each 32x32 block into a weight tile.
+//! - input gradient `dX = dY W` ([`input_grad`]): W is never copied or
+//!   transposed in memory. FP16: stripes of 32 columns of the resident W
+//!   stream through DMA (one 2-D descriptor each) and HVX builds the
+//!   transposed tiles in VTCM. Q8_0: the operand roles swap,
+//!   `(dX)^T = W^T dY^T`, and the blocks go through the same
+//!   [`dequantize_tile`] as forward, so both directions multiply bit-identical
+//!   effective weights.
+//!
+//! Shapes (row-major f32 at the interface): `W (rows, cols)`;
+//! forward `X (tokens, cols) -> Y (tokens, rows)`;
+//! input-gradient `dY (tokens, rows) -> dX (tokens, cols)`.
+//!
+//! Activations stay floating point: each input row is scaled by `2^k` so its
+//! max |value| lands just under 2^12, converted to FP16, multiplied, and the
+//! f32 result unscaled exactly. A row whose partial sums turn non-finite or
+//! reach 60000 is re-sent with a further 2^-8, at most 3 times
+//! ([`hexlora_proto::rescale`]); rows that still overflow are reported and
+//! their outputs set to NaN. NaN or infinity in the input is an error.
+use crate::dma::DmaEngine;
+use crate::hvx::{Tile, TILE_ELEMS};
+use crate::tile::TileEngine;
+use crate::vtcm::{VtcmRegion, VtcmTooSmall};
+use alloc::vec::Vec;
+use half::f16;
+use hexlora_proto::q8_0::{self, BlockQ8_0, BLOCK_BYTES};
+pub use hexlora_proto::protocol::{Direction, Precision};
+use hexlora_proto::rescale::MAX_RETRIES;
+
+mod activations;
+pub mod forward;
+pub mod input_grad;
+mod pass;
+pub mod plan;
+
+pub use plan::Plan;
+
+/// Why an op did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelError {
+    /// An input value is NaN or infinite.
+    NonFiniteInput {
+        /// Token row.
+        token: u32,
+        /// Feature (column) in that row.
+        feature: u32,
+    },
+    /// This shape or format is not supported here; the host should use its
+    /// CPU path.
+    NoSupport(&'static str),
+    /// The op needs more VTCM than there is.
+    VtcmTooSmall {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes available.
+        available: usize,
+    },
+    /// Buffer lengths do not match the shape, or the shape is empty.
+    Shape(&'static str),
+    /// Resident weight bytes are not valid Q8_0 (or FP16 holds NaN/inf).
+    BadWeights(&'static str),
+}
+
+impl From<VtcmTooSmall> for KernelError {
+    fn from(e: VtcmTooSmall) -> Self {
+        KernelError::VtcmTooSmall { needed: e.needed, available: e.available }
+    }
+}
+
+/// A resident weight, checked once when it is made resident.
+#[derive(Clone, Copy, Debug)]
+pub struct ResidentWeight<'a> {
+    rows: usize,
+    cols: usize,
+    data: WeightData<'a>,
+}
+
+/// The bytes of a resident weight.
+#[derive(Clone, Copy, Debug)]
+pub enum WeightData<'a> {
+    /// Row-major `(rows, cols)` FP16.
+    Fp16(&'a [f16]),
+    /// Row-major Q8_0 blocks, `cols / 32` per row, GGUF byte layout.
+    Q8_0(&'a [u8]),
+}
+
+impl<'a> ResidentWeight<'a> {
+    /// FP16 weight `(rows, cols)`; rejects a wrong length or NaN/inf values.
+    pub fn fp16(data: &'a [f16], rows: usize, cols: usize) -> Result<ResidentWeight<'a>, KernelError> {
+        if rows.checked_mul(cols) != Some(data.len()) || data.is_empty() {
+            return Err(KernelError::Shape("FP16 weight length is not rows * cols"));
+        }
+        if data.iter().any(|w| !w.is_finite()) {
+            return Err(KernelError::BadWeights("FP16 weight holds NaN or infinity"));
+        }
+        Ok(ResidentWeight { rows, cols, data: WeightData::Fp16(data) })
+    }
+
+    /// Q8_0 weight `(rows, cols)`; rejects a wrong length, `cols` not a
+    /// multiple of 32, or a non-finite block scale.
+    pub fn q8_0(data: &'a [u8], rows: usize, cols: usize) -> Result<ResidentWeight<'a>, KernelError> {
+        if cols % 32 != 0 || rows == 0 {
+            return Err(KernelError::Shape("Q8_0 weight columns not a multiple of 32"));
+        }
+        if rows.checked_mul(plan::q8_row_bytes(cols)) != Some(data.len()) {
+            return Err(KernelError::Shape("Q8_0 weight length is not rows * cols / 32 * 34"));
+        }
+        q8_0::check_scales(data).map_err(|_| KernelError::BadWeights("Q8_0 block scale is NaN or infinite"))?;
+        Ok(ResidentWeight { rows, cols, data: WeightData::Q8_0(data) })
+    }
+
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Storage format.
+    pub fn precision(&self) -> Precision {
+        match self.data {
+            WeightData::Fp16(_) => Precision::Fp16,
+            WeightData::Q8_0(_) => Precision::Q8_0,
+        }
+    }
+
+    /// The stored data.
+    pub fn data(&self) -> WeightData<'a> {
+        self.data
+    }
+}
+
+/// The hardware an op runs on.
+pub struct Engines<'e> {
+    /// Moves windows between DDR and VTCM.
+    pub dma: &'e mut dyn DmaEngine,
+    /// Multiplies tiles.
+    pub tiles: &'e mut dyn TileEngine,
+    /// The VTCM region (a fresh arena is made over it per op).
+    pub vtcm: &'e mut VtcmRegion,
+}
+
+/// What an op did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Row re-sends with a smaller scale (a row retried twice counts 2).
+    pub rows_retried: u32,
+    /// Rows still overflowing after [`MAX_RETRIES`]; their outputs are NaN.
+    pub rows_failed: u32,
+    /// Tile products issued.
+    pub tile_products: u64,
+    /// DMA bytes of W moved into VTCM.
+    pub dma_weight_bytes: u64,
+    /// DMA bytes of input moved into VTCM.
+    pub dma_input_bytes: u64,
+    /// DMA bytes of output moved out of VTCM.
+    pub dma_output_bytes: u64,
+    /// VTCM bytes the op occupied.
+    pub vtcm_bytes: usize,
+    /// Passes over W (chunks of the first pass plus retry chunks).
+    pub weight_passes: u32,
+}
+
+/// Runs `Y = X W^T` (forward) or `dX = dY W` (input gradient) for `tokens`
+/// rows; `input` and `output` are row-major f32 with the widths in the module
+/// docs. `output` is fully overwritten.
+pub fn project(
+    eng: &mut Engines<'_>,
+    w: &ResidentWeight<'_>,
+    direction: Direction,
+    tokens: usize,
+    input: &[f32],
+    output: &mut [f32],
+) -> Result<RunStats, KernelError> {
+    let (d, o) = match direction {
+        Direction::Forward => (w.cols, w.rows),
+        Direction::InputGrad => (w.rows, w.cols),
+    };
+    if Some(input.len()) != tokens.checked_mul(d) || Some(output.len()) != tokens.checked_mul(o) {
+        return Err(KernelError::Shape("input/output length does not match tokens x features"));
+    }
+    let plan = Plan::new(w.precision(), direction, w.rows, w.cols, tokens, eng.vtcm.capacity())?;
+    let tiles_before = eng.tiles.tiles();
+    let mut op = pass::Op::new(plan, *w, input, output, eng)?;
+    let mut rows: Vec<u32> = (0..tokens as u32).collect();
+    let mut retry = 0;
+    loop {
+        let flagged = op.run(&rows, retry)?;
+        if flagged.is_empty() {
+            break;
+        }
+        if retry == MAX_RETRIES {
+            op.fail_rows(&flagged);
+            op.stats.rows_failed = flagged.len() as u32;
+            break;
+        }
+        retry += 1;
+        op.stats.rows_retried += flagged.len() as u32;
+        rows = flagged;
+    }
+    let mut stats = op.stats;
+    stats.tile_products = op.tiles_issued(tiles_before);
+    Ok(stats)
+}
+
+/// THE Q8_0 -> FP16 step of both directions: tile row `r` is the block at
+/// `blocks[r * stride..]` (32 weights of one row of W) through
+/// [`q8_0::dequantize_block`]; rows from `valid` on are zero.
+pub fn dequantize_tile(blocks: &[u8], stride: usize, valid: usize, tile: &mut Tile) {
+    for r in 0..32 {
+        let row: &mut [f16; 32] = (&mut tile[r * 32..(r + 1) * 32]).try_into().unwrap();
+        if r < valid {
+            let bytes: &[u8; BLOCK_BYTES] = blocks[r * stride..r * stride + BLOCK_BYTES].try_into().unwrap();
+            q8_0::dequantize_block(&BlockQ8_0::from_bytes(bytes), row);
+        } else {
+            row.fill(f16::ZERO);
+        }
+    }
+}
+
+/// Views tile `i` of a tile-blocked buffer.
+pub(crate) fn tile_mut(buf: &mut [f16], i: usize) -> &mut Tile {
+    (&mut buf[i * TILE_ELEMS..(i + 1) * TILE_ELEMS]).try_into().unwrap()
+}
+
+/// Views tile `i` of a tile-blocked buffer.
+pub(crate) fn tile_ref(buf: &[f16], i: usize) -> &Tile {
+    buf[i * TILE_ELEMS..(i + 1) * TILE_ELEMS].try_into().unwrap()
+}
+
+pub mod selftests;
+pub mod testbed;
