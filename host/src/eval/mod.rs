@@ -2,9 +2,11 @@
 //!
 //! - [`task`], [`dataset`]: what a task is and one split grouped by user;
 //! - [`lamp`], [`longlamp`]: readers (and the LaMP writer) for those formats;
+//! - [`metrics`]: accuracy, macro-F1, depth, breadth, McNemar, bootstrap;
 //! - [`rouge`]: ROUGE-1/2/L identical to Python `rouge-score`.
 pub mod dataset;
 pub mod lamp;
 pub mod longlamp;
+pub mod metrics;
 pub mod rouge;
 pub mod task;
