@@ -236,3 +236,5 @@ pub(crate) fn tile_ref(buf: &[f16], i: usize) -> &Tile {
 
 pub mod selftests;
 pub mod testbed;
+#[cfg(test)]
+mod proptests;
