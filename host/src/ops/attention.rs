@@ -1,0 +1,220 @@
+//! Scaled dot-product attention with grouped-query heads (GQA), causal or
+//! bidirectional (the LLM2Vec-style embedder needs the latter).
+//!
+//! Queries are the last `q_len` positions of a `kv_len`-long sequence (so
+//! with a KV cache, query `t` sits at absolute position `kv_len - q_len + t`
+//! and, when causal, sees keys `0..=kv_len - q_len + t`). Query head `h`
+//! reads key/value head `h / (n_head / n_kv_head)`, as `repeat_kv` does.
+//!
+//! The forward saves the log-sum-exp of each softmax row (`lse`), which is
+//! all a flash-style backward needs to rebuild the probabilities.
+use rayon::prelude::*;
+
+/// Sizes of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnDims {
+    /// Query rows (new tokens).
+    pub q_len: usize,
+    /// Key/value rows (cached + new tokens).
+    pub kv_len: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads; divides `n_head`.
+    pub n_kv_head: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// Mask keys after each query's position.
+    pub causal: bool,
+}
+
+impl AttnDims {
+    /// Keys query `t` may attend to: `0..visible(t)`.
+    #[inline]
+    pub fn visible(&self, t: usize) -> usize {
+        if self.causal {
+            self.kv_len - self.q_len + t + 1
+        } else {
+            self.kv_len
+        }
+    }
+}
+
+/// `out[q_len, n_head * head_dim] = softmax(scale * q k^T + mask) v`, with
+/// `lse[q_len, n_head]` saved.
+///
+/// `q`: `[q_len, n_head, head_dim]`; `k`, `v`: `[kv_len, n_kv_head, head_dim]`.
+pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32) {
+    let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim, .. } = d;
+    assert!(n_kv_head > 0 && n_head % n_kv_head == 0, "attention: {n_head} heads over {n_kv_head} kv heads");
+    assert!(q_len <= kv_len, "attention: {q_len} queries over {kv_len} keys");
+    assert_eq!(q.len(), q_len * n_head * head_dim, "attention q length");
+    assert_eq!(k.len(), kv_len * n_kv_head * head_dim, "attention k length");
+    assert_eq!(v.len(), k.len(), "attention v length");
+    assert_eq!(out.len(), q.len(), "attention out length");
+    assert_eq!(lse.len(), q_len * n_head, "attention lse length");
+    let group = n_head / n_kv_head;
+    let kv_stride = n_kv_head * head_dim;
+    out.par_chunks_mut(n_head * head_dim).zip(lse.par_chunks_mut(n_head)).enumerate().for_each_init(
+        || vec![0.0f32; kv_len],
+        |scores, (t, (out_t, lse_t))| {
+            let seen = d.visible(t);
+            for h in 0..n_head {
+                let kvh = h / group;
+                let q_th = &q[(t * n_head + h) * head_dim..][..head_dim];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores[..seen].iter_mut().enumerate() {
+                    let k_j = &k[j * kv_stride + kvh * head_dim..][..head_dim];
+                    *s = scale * dot(q_th, k_j);
+                    max = max.max(*s);
+                }
+                let mut sum = 0.0f32;
+                for s in &mut scores[..seen] {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                lse_t[h] = max + sum.ln();
+                let o = &mut out_t[h * head_dim..][..head_dim];
+                o.fill(0.0);
+                for (j, &p) in scores[..seen].iter().enumerate() {
+                    let v_j = &v[j * kv_stride + kvh * head_dim..][..head_dim];
+                    for (o, &vv) in o.iter_mut().zip(v_j) {
+                        *o += p * vv;
+                    }
+                }
+                let inv = 1.0 / sum;
+                o.iter_mut().for_each(|x| *x *= inv);
+            }
+        },
+    );
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Backward of [`attention_forward`], flash style: the probabilities are
+/// rebuilt from `lse`, never stored. With `p = softmax(s)`, `dp = dout v^T`,
+/// `D = rowsum(dout * out)`: `ds = p (dp - D)`, `dq = scale ds k`,
+/// `dk = scale ds^T q`, `dv = p^T dout`.
+///
+/// `dq`, `q`, `out`, `dout`: `[q_len, n_head, head_dim]`; `dk`, `dv`, `k`, `v`:
+/// `[kv_len, n_kv_head, head_dim]` (overwritten); `lse`: `[q_len, n_head]`.
+/// Threads split over key/value heads, so every sum runs in a fixed order.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    d: AttnDims,
+    scale: f32,
+) {
+    let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
+    assert!(dq.len() == q.len() && dout.len() == q.len() && out.len() == q.len(), "attention_backward q lengths");
+    assert!(dk.len() == k.len() && dv.len() == v.len() && k.len() == kv_len * n_kv_head * hd, "attention_backward kv lengths");
+    let group = n_head / n_kv_head;
+    let per_kv: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..n_kv_head)
+        .into_par_iter()
+        .map(|kvh| {
+            let mut dq_g = vec![0.0f32; q_len * group * hd];
+            let mut dk_h = vec![0.0f32; kv_len * hd];
+            let mut dv_h = vec![0.0f32; kv_len * hd];
+            for t in 0..q_len {
+                for g in 0..group {
+                    let h = kvh * group + g;
+                    let at = (t * n_head + h) * hd;
+                    let (q_th, do_th) = (&q[at..at + hd], &dout[at..at + hd]);
+                    let big_d = dot(do_th, &out[at..at + hd]);
+                    let l = lse[t * n_head + h];
+                    let dq_th = &mut dq_g[(t * group + g) * hd..][..hd];
+                    for j in 0..d.visible(t) {
+                        let kj = (j * n_kv_head + kvh) * hd;
+                        let (k_j, v_j) = (&k[kj..kj + hd], &v[kj..kj + hd]);
+                        let p = (scale * dot(q_th, k_j) - l).exp();
+                        let ds = p * (dot(do_th, v_j) - big_d) * scale;
+                        for i in 0..hd {
+                            dq_th[i] += ds * k_j[i];
+                            dk_h[j * hd + i] += ds * q_th[i];
+                            dv_h[j * hd + i] += p * do_th[i];
+                        }
+                    }
+                }
+            }
+            (dq_g, dk_h, dv_h)
+        })
+        .collect();
+    for (kvh, (dq_g, dk_h, dv_h)) in per_kv.iter().enumerate() {
+        for t in 0..q_len {
+            let at = (t * n_head + kvh * group) * hd;
+            dq[at..at + group * hd].copy_from_slice(&dq_g[t * group * hd..][..group * hd]);
+        }
+        for j in 0..kv_len {
+            let at = (j * n_kv_head + kvh) * hd;
+            dk[at..at + hd].copy_from_slice(&dk_h[j * hd..][..hd]);
+            dv[at..at + hd].copy_from_slice(&dv_h[j * hd..][..hd]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// f64 reference with explicit repeat_kv and a -inf mask.
+    fn reference(q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f64) -> Vec<f64> {
+        let mut out = vec![0f64; d.q_len * d.n_head * d.head_dim];
+        let hd = d.head_dim;
+        for t in 0..d.q_len {
+            for h in 0..d.n_head {
+                let kvh = h * d.n_kv_head / d.n_head;
+                let pos = d.kv_len - d.q_len + t;
+                let s: Vec<f64> = (0..d.kv_len)
+                    .map(|j| {
+                        if d.causal && j > pos {
+                            f64::NEG_INFINITY
+                        } else {
+                            scale
+                                * (0..hd)
+                                    .map(|i| {
+                                        q[(t * d.n_head + h) * hd + i] as f64 * k[(j * d.n_kv_head + kvh) * hd + i] as f64
+                                    })
+                                    .sum::<f64>()
+                        }
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for j in 0..d.kv_len {
+                    let p = (s[j] - m).exp() / z;
+                    for i in 0..hd {
+                        out[(t * d.n_head + h) * hd + i] += p * v[(j * d.n_kv_head + kvh) * hd + i] as f64;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn gqa_causal_cached_and_bidirectional_match_f64() {
+        for (q_len, kv_len, causal) in [(6, 6, true), (2, 7, true), (5, 5, false)] {
+            let d = AttnDims { q_len, kv_len, n_head: 4, n_kv_head: 2, head_dim: 8, causal };
+            let q: Vec<f32> = (0..q_len * 32).map(|i| (i as f32 * 0.61).sin()).collect();
+            let k: Vec<f32> = (0..kv_len * 16).map(|i| (i as f32 * 0.23).cos()).collect();
+            let v: Vec<f32> = (0..kv_len * 16).map(|i| (i as f32 * 0.11).sin() * 2.0).collect();
+            let mut out = vec![0.0; q.len()];
+            let mut lse = vec![0.0; q_len * 4];
+            attention_forward(&mut out, &mut lse, &q, &k, &v, d, 0.35);
+            let want = reference(&q, &k, &v, d, 0.35);
+            for (g, w) in out.iter().zip(&want) {
+                assert!((*g as f64 - w).abs() < 1e-5, "{q_len}/{kv_len}/{causal}: {g} vs {w}");
+            }
+        }
+    }
+}

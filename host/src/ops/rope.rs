@@ -1,0 +1,138 @@
+//! Rotary position embeddings, Hugging Face ("rotate_half") layout: within
+//! the first `rot_dim` features of each head, feature `i` pairs with
+//! `i + rot_dim/2` and the pair is rotated by `pos * inv_freq[i]`. Features
+//! past `rot_dim` pass through (partial rotary, Qwen3.5 rotates a quarter).
+//!
+//! RoPE is a rotation, so its backward is the same function with the angle
+//! negated ([`rope_apply`] with `inverse = true`); nothing is saved.
+
+/// How the rotary frequencies are derived (`rope_parameters.rope_type`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain `theta^(-2i/d)`.
+    Default,
+    /// Llama 3.1+ frequency-dependent scaling.
+    Llama3 {
+        /// Overall context extension factor.
+        factor: f64,
+        /// Wavelengths longer than `original / low_freq_factor` are divided by `factor`.
+        low_freq_factor: f64,
+        /// Wavelengths shorter than `original / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// Inverse frequencies `[rot_dim / 2]` for `theta` and `scaling`, as
+/// transformers' `ROPE_INIT_FUNCTIONS` compute them.
+pub fn rope_inv_freq(rot_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
+    (0..rot_dim / 2)
+        .map(|i| {
+            let base = 1.0 / theta.powf((2 * i) as f64 / rot_dim as f64);
+            match *scaling {
+                RopeScaling::Default => base as f32,
+                RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                    llama3_scale(base, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) as f32
+                }
+            }
+        })
+        .collect()
+}
+
+/// Long wavelengths slowed by `factor`, short ones kept, a linear blend
+/// (in 1/wavelength) in between.
+fn llama3_scale(inv_freq: f64, factor: f64, low: f64, high: f64, original: f64) -> f64 {
+    let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+    let low_freq_wavelen = original / low;
+    let high_freq_wavelen = original / high;
+    if wavelen < high_freq_wavelen {
+        inv_freq
+    } else if wavelen > low_freq_wavelen {
+        inv_freq / factor
+    } else {
+        let smooth = (original / wavelen - low) / (high - low);
+        (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+    }
+}
+
+/// Rotates `x: [tokens, heads, head_dim]` in place; token `t` sits at
+/// position `positions[t]`. `inv_freq: [rot_dim / 2]`. With `inverse` the
+/// rotation is undone (the backward).
+pub fn rope_apply(x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, inv_freq: &[f32], inverse: bool) {
+    let half = inv_freq.len();
+    assert!(2 * half <= head_dim, "rope_apply: rotary dim {} > head_dim {head_dim}", 2 * half);
+    assert_eq!(x.len(), positions.len() * heads * head_dim, "rope_apply length");
+    let mut cos = vec![0.0f32; half];
+    let mut sin = vec![0.0f32; half];
+    for (row, &pos) in x.chunks_exact_mut(heads * head_dim).zip(positions) {
+        // f32 angle as transformers computes it (`pos.float() * inv_freq`).
+        for i in 0..half {
+            let angle = pos as f32 * inv_freq[i];
+            cos[i] = angle.cos();
+            sin[i] = if inverse { -angle.sin() } else { angle.sin() };
+        }
+        for head in row.chunks_exact_mut(head_dim) {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+}
+
+/// Forward RoPE in place (see [`rope_apply`]).
+pub fn rope_forward(x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, inv_freq: &[f32]) {
+    rope_apply(x, positions, heads, head_dim, inv_freq, false);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_regimes_match_transformers_formula() {
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64.0,
+        };
+        let plain = rope_inv_freq(16, 10000.0, &RopeScaling::Default);
+        let scaled = rope_inv_freq(16, 10000.0, &s);
+        // wavelengths 6.3 (< 16: kept), 19.9 (between: blended), 62.8 (blended), 199 (> 64: / 8)
+        assert_eq!(scaled[0], plain[0]);
+        assert!((scaled[3] - plain[3] / 8.0).abs() < 1e-9);
+        let wl = 2.0 * std::f64::consts::PI / plain[1] as f64;
+        let smooth = (64.0 / wl - 1.0) / 3.0;
+        let want = (1.0 - smooth) * plain[1] as f64 / 8.0 + smooth * plain[1] as f64;
+        assert!((scaled[1] as f64 - want).abs() < 1e-7 * want);
+    }
+
+    #[test]
+    fn rotation_matches_rotate_half_and_inverts() {
+        let (heads, hd) = (2, 8);
+        let inv = rope_inv_freq(4, 100.0, &RopeScaling::Default); // partial: 4 of 8
+        let x0: Vec<f32> = (0..3 * heads * hd).map(|i| (i as f32 * 0.37).sin()).collect();
+        let pos = [0usize, 5, 17];
+        let mut x = x0.clone();
+        rope_forward(&mut x, &pos, heads, hd, &inv);
+        for t in 0..3 {
+            for h in 0..heads {
+                let o = (t * heads + h) * hd;
+                for i in 0..2 {
+                    let ang = pos[t] as f64 * inv[i] as f64;
+                    let (a, b) = (x0[o + i] as f64, x0[o + i + 2] as f64);
+                    assert!((x[o + i] as f64 - (a * ang.cos() - b * ang.sin())).abs() < 1e-5);
+                    assert!((x[o + i + 2] as f64 - (b * ang.cos() + a * ang.sin())).abs() < 1e-5);
+                }
+                assert_eq!(&x[o + 4..o + 8], &x0[o + 4..o + 8], "pass-through features");
+            }
+        }
+        rope_apply(&mut x, &pos, heads, hd, &inv, true);
+        for (a, b) in x.iter().zip(&x0) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+}
