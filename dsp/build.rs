@@ -16,6 +16,7 @@ fn main() {
     let linker_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("../linker");
     println!("cargo:rustc-link-search={}", linker_dir.display());
     println!("cargo:rustc-link-arg-bins=-Thexagon-sim.x");
+    println!("cargo:rustc-link-arg-bins=-znorelro");
     let target_features = env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
     let has = |f: &str| target_features.split(',').any(|t| t == f);
     for (feature, cpu_feature) in GENERATIONS {

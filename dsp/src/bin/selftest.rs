@@ -64,4 +64,4 @@ fn dump_log(out: &mut dyn core::fmt::Write) {
     let _ = writeln!(out, "\ndefmt-dropped {}", ring.dropped_frames());
 }
 
-use core::fmt::Write as _;
+
