@@ -1,0 +1,445 @@
+//! Architecture hyper-parameters, read from a Hugging Face `config.json` or
+//! from GGUF metadata into one [`ModelConfig`]. Every missing or
+//! inconsistent field is an error naming it; values we do not implement
+//! (biases, other rope types, other activations) are `Unsupported`, never
+//! silently ignored.
+use crate::model::gguf::Gguf;
+use crate::ops::rope::RopeScaling;
+use crate::{Error, Result};
+use serde_json::Value;
+
+/// The architectures hexlora runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3 family (SmolLM2, Llama-3.2).
+    Llama,
+    /// Qwen3: Llama plus per-head q/k RMSNorm.
+    Qwen3,
+    /// Qwen3.5 text: Gated DeltaNet layers interleaved with gated attention.
+    Qwen35,
+}
+
+/// What mixes tokens in one decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Softmax attention with a KV cache.
+    FullAttention,
+    /// Gated DeltaNet (recurrent state).
+    LinearAttention,
+}
+
+/// Gated DeltaNet sizes (Qwen3.5 `linear_*` fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnConfig {
+    /// Depthwise conv kernel length (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// Query/key heads.
+    pub n_k_head: usize,
+    /// Value heads.
+    pub n_v_head: usize,
+    /// Key width per head.
+    pub k_dim: usize,
+    /// Value width per head.
+    pub v_dim: usize,
+}
+
+impl GdnConfig {
+    /// `n_k_head * k_dim`.
+    pub fn key_dim(&self) -> usize {
+        self.n_k_head * self.k_dim
+    }
+    /// `n_v_head * v_dim`.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_head * self.v_dim
+    }
+    /// Channels of the causal conv: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+/// Everything a model needs to know about its shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Which architecture.
+    pub arch: Arch,
+    /// Rows of the embedding table.
+    pub vocab_size: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Attention query heads.
+    pub n_head: usize,
+    /// Attention key/value heads.
+    pub n_kv_head: usize,
+    /// Attention head width.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RoPE frequency scaling.
+    pub rope_scaling: RopeScaling,
+    /// Rotated features per head (`head_dim * partial_rotary_factor`).
+    pub rotary_dim: usize,
+    /// `lm_head` shares the embedding table.
+    pub tie_word_embeddings: bool,
+    /// Per-layer token mixer.
+    pub layer_types: Vec<LayerKind>,
+    /// Gated DeltaNet sizes (Qwen3.5 only).
+    pub gdn: Option<GdnConfig>,
+    /// Checkpoint name prefix of the decoder (`model.`, or
+    /// `model.language_model.` in Qwen3.5's multimodal checkpoints).
+    pub prefix: String,
+    /// End-of-sequence token ids (generation stops on any).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Field access with errors that name the field.
+struct Fields<'a> {
+    json: &'a Value,
+    what: &'a str,
+}
+
+impl Fields<'_> {
+    fn opt(&self, key: &str) -> Option<&Value> {
+        self.json.get(key).filter(|v| !v.is_null())
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        let v = self.opt(key).ok_or_else(|| Error::invalid(self.what, format!("missing field {key}")))?;
+        v.as_u64()
+            .filter(|&x| x > 0)
+            .map(|x| x as usize)
+            .ok_or_else(|| Error::invalid(self.what, format!("{key} must be a positive integer, got {v}")))
+    }
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        if self.opt(key).is_some() {
+            self.usize(key)
+        } else {
+            Ok(default)
+        }
+    }
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        match self.opt(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| Error::invalid(self.what, format!("{key} must be a finite number, got {v}"))),
+        }
+    }
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.opt(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| Error::invalid(self.what, format!("{key} must be a bool, got {v}"))),
+        }
+    }
+    fn str_or<'b>(&'b self, key: &str, default: &'b str) -> Result<&'b str> {
+        match self.opt(key) {
+            None => Ok(default),
+            Some(v) => v.as_str().ok_or_else(|| Error::invalid(self.what, format!("{key} must be a string, got {v}"))),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// From a parsed Hugging Face `config.json`.
+    pub fn from_hf_json(json: &Value) -> Result<Self> {
+        let model_type = json.get("model_type").and_then(Value::as_str).ok_or_else(|| {
+            Error::invalid("config.json", "missing model_type (expected llama, qwen3, qwen3_5 or qwen3_5_text)")
+        })?;
+        match model_type {
+            "llama" => Self::from_text_json(json, Arch::Llama, "model."),
+            "qwen3" => Self::from_text_json(json, Arch::Qwen3, "model."),
+            "qwen3_5_text" => Self::from_text_json(json, Arch::Qwen35, "model."),
+            "qwen3_5" => {
+                let text = json
+                    .get("text_config")
+                    .ok_or_else(|| Error::invalid("config.json", "qwen3_5 config without text_config"))?;
+                let mut cfg = Self::from_text_json(text, Arch::Qwen35, "model.language_model.")?;
+                // The multimodal wrapper carries the tying flag at the top.
+                if let Some(t) = json.get("tie_word_embeddings").and_then(Value::as_bool) {
+                    cfg.tie_word_embeddings = t;
+                }
+                Ok(cfg)
+            }
+            other => Err(Error::Unsupported(format!(
+                "model_type {other:?} (hexlora runs llama, qwen3, qwen3_5 and qwen3_5_text)"
+            ))),
+        }
+    }
+
+    fn from_text_json(json: &Value, arch: Arch, prefix: &str) -> Result<Self> {
+        let f = Fields { json, what: "config.json" };
+        for flag in ["attention_bias", "mlp_bias"] {
+            if f.bool_or(flag, false)? {
+                return Err(Error::Unsupported(format!("config.json: {flag} = true")));
+            }
+        }
+        let act = f.str_or("hidden_act", "silu")?;
+        if act != "silu" {
+            return Err(Error::Unsupported(format!("config.json: hidden_act {act:?} (only silu)")));
+        }
+        let hidden_size = f.usize("hidden_size")?;
+        let n_head = f.usize("num_attention_heads")?;
+        let head_dim = f.usize_or("head_dim", hidden_size / n_head)?;
+        let num_layers = f.usize("num_hidden_layers")?;
+        let (rope_theta, rope_scaling, partial) = rope_from_json(json)?;
+        let rotary_dim = (head_dim as f64 * partial) as usize;
+        let layer_types = match arch {
+            Arch::Qwen35 => layer_types_from_json(json, num_layers)?,
+            _ => vec![LayerKind::FullAttention; num_layers],
+        };
+        let gdn = if arch == Arch::Qwen35 {
+            Some(GdnConfig {
+                conv_kernel: f.usize_or("linear_conv_kernel_dim", 4)?,
+                n_k_head: f.usize_or("linear_num_key_heads", 16)?,
+                n_v_head: f.usize_or("linear_num_value_heads", 32)?,
+                k_dim: f.usize_or("linear_key_head_dim", 128)?,
+                v_dim: f.usize_or("linear_value_head_dim", 128)?,
+            })
+        } else {
+            None
+        };
+        let cfg = ModelConfig {
+            arch,
+            vocab_size: f.usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: f.usize("intermediate_size")?,
+            num_layers,
+            n_head,
+            n_kv_head: f.usize_or("num_key_value_heads", n_head)?,
+            head_dim,
+            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)? as f32,
+            rope_theta,
+            rope_scaling,
+            rotary_dim,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            layer_types,
+            gdn,
+            prefix: prefix.into(),
+            eos_token_ids: eos_from_json(json),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// From GGUF metadata (`general.architecture` = `llama` or `qwen3`);
+    /// `lm_head` is tied when the file has no `output.weight`.
+    pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        let arch_name = g.architecture()?.to_string();
+        let arch = match arch_name.as_str() {
+            "llama" => Arch::Llama,
+            "qwen3" => Arch::Qwen3,
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "GGUF architecture {other:?} (hexlora reads llama and qwen3 GGUF files)"
+                )))
+            }
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let hidden_size = g.get_u32(&key("embedding_length"))? as usize;
+        let n_head = g.get_u32(&key("attention.head_count"))? as usize;
+        if n_head == 0 {
+            return Err(Error::invalid("GGUF metadata", format!("{} is 0", key("attention.head_count"))));
+        }
+        let head_dim = match g.value(&key("attention.key_length")) {
+            Some(_) => g.get_u32(&key("attention.key_length"))? as usize,
+            None => hidden_size / n_head,
+        };
+        let vocab_size = match g.value(&key("vocab_size")) {
+            Some(_) => g.get_u32(&key("vocab_size"))? as usize,
+            None => g.get_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let rope_theta = match g.value(&key("rope.freq_base")) {
+            Some(_) => g.get_f32(&key("rope.freq_base"))? as f64,
+            None => 10000.0,
+        };
+        let num_layers = g.get_u32(&key("block_count"))? as usize;
+        let tied = !g.tensor_infos().iter().any(|t| t.name == "output.weight");
+        let eos = g.get_u32("tokenizer.ggml.eos_token_id").ok().into_iter().collect();
+        let cfg = ModelConfig {
+            arch,
+            vocab_size,
+            hidden_size,
+            intermediate_size: g.get_u32(&key("feed_forward_length"))? as usize,
+            num_layers,
+            n_head,
+            n_kv_head: match g.value(&key("attention.head_count_kv")) {
+                Some(_) => g.get_u32(&key("attention.head_count_kv"))? as usize,
+                None => n_head,
+            },
+            head_dim,
+            rms_norm_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope_theta,
+            // llama3-scaled GGUFs carry `rope_freqs.weight` instead; refuse
+            // rather than run with the wrong frequencies.
+            rope_scaling: if g.tensor_infos().iter().any(|t| t.name == "rope_freqs.weight") {
+                return Err(Error::Unsupported("GGUF with rope_freqs.weight (llama3 rope scaling)".into()));
+            } else {
+                RopeScaling::Default
+            },
+            rotary_dim: head_dim,
+            tie_word_embeddings: tied,
+            layer_types: vec![LayerKind::FullAttention; num_layers],
+            gdn: None,
+            prefix: "model.".into(),
+            eos_token_ids: eos,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Cross-field checks: heads divide evenly, rotary fits the head.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::invalid("model config", msg));
+        if self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
+            return bad(format!("num_attention_heads {} is not a multiple of num_key_value_heads {}", self.n_head, self.n_kv_head));
+        }
+        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim || self.rotary_dim == 0 {
+            return bad(format!("rotary dim {} must be even, non-zero and <= head_dim {}", self.rotary_dim, self.head_dim));
+        }
+        if self.layer_types.len() != self.num_layers {
+            return bad(format!("{} layer_types for {} layers", self.layer_types.len(), self.num_layers));
+        }
+        if !(self.rms_norm_eps > 0.0) {
+            return bad(format!("rms_norm_eps {} must be positive", self.rms_norm_eps));
+        }
+        if let Some(g) = &self.gdn {
+            if g.n_v_head % g.n_k_head != 0 {
+                return bad(format!("linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", g.n_v_head, g.n_k_head));
+            }
+            if g.conv_kernel < 1 {
+                return bad("linear_conv_kernel_dim must be >= 1".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `(rope_theta, scaling, partial_rotary_factor)` from transformers 5's
+/// `rope_parameters` or the older top-level `rope_theta` + `rope_scaling`.
+fn rope_from_json(json: &Value) -> Result<(f64, RopeScaling, f64)> {
+    let top = Fields { json, what: "config.json" };
+    let params = json
+        .get("rope_parameters")
+        .filter(|v| v.is_object())
+        .or_else(|| json.get("rope_scaling").filter(|v| v.is_object()));
+    let theta_default = top.f64_or("rope_theta", 10000.0)?;
+    let partial_default = top.f64_or("partial_rotary_factor", 1.0)?;
+    let Some(p) = params else { return Ok((theta_default, RopeScaling::Default, partial_default)) };
+    let f = Fields { json: p, what: "config.json rope_parameters" };
+    let theta = f.f64_or("rope_theta", theta_default)?;
+    let partial = f.f64_or("partial_rotary_factor", partial_default)?;
+    if !(partial > 0.0 && partial <= 1.0) {
+        return Err(Error::invalid("config.json", format!("partial_rotary_factor {partial} not in (0, 1]")));
+    }
+    let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let scaling = match kind {
+        "default" => RopeScaling::Default,
+        "llama3" => RopeScaling::Llama3 {
+            factor: f.f64_or("factor", f64::NAN)?,
+            low_freq_factor: f.f64_or("low_freq_factor", f64::NAN)?,
+            high_freq_factor: f.f64_or("high_freq_factor", f64::NAN)?,
+            original_max_position_embeddings: f.f64_or("original_max_position_embeddings", f64::NAN)?,
+        },
+        other => return Err(Error::Unsupported(format!("config.json: rope_type {other:?} (default and llama3 only)"))),
+    };
+    if let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } = scaling {
+        let all = [factor, low_freq_factor, high_freq_factor, original_max_position_embeddings];
+        if all.iter().any(|x| !x.is_finite() || *x <= 0.0) || high_freq_factor <= low_freq_factor {
+            return Err(Error::invalid(
+                "config.json rope_parameters",
+                "llama3 needs positive factor, low_freq_factor < high_freq_factor, original_max_position_embeddings",
+            ));
+        }
+    }
+    Ok((theta, scaling, partial))
+}
+
+fn layer_types_from_json(json: &Value, num_layers: usize) -> Result<Vec<LayerKind>> {
+    match json.get("layer_types").filter(|v| !v.is_null()) {
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v.as_str() {
+                Some("full_attention") => Ok(LayerKind::FullAttention),
+                Some("linear_attention") => Ok(LayerKind::LinearAttention),
+                _ => Err(Error::invalid("config.json", format!("layer_types[{i}] = {v} (full_attention or linear_attention)"))),
+            })
+            .collect(),
+        Some(v) => Err(Error::invalid("config.json", format!("layer_types must be an array, got {v}"))),
+        None => {
+            // transformers' default: every `full_attention_interval`-th layer is full attention.
+            let interval = Fields { json, what: "config.json" }.usize_or("full_attention_interval", 4)?;
+            Ok((0..num_layers)
+                .map(|i| if (i + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::LinearAttention })
+                .collect())
+        }
+    }
+}
+
+fn eos_from_json(json: &Value) -> Vec<u32> {
+    match json.get("eos_token_id") {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn llama() -> Value {
+        json!({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+               "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "rope_theta": 500000.0,
+               "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
+    }
+
+    #[test]
+    fn reads_older_rope_scaling_layout() {
+        let c = ModelConfig::from_hf_json(&llama()).unwrap();
+        assert_eq!((c.head_dim, c.rotary_dim, c.rope_theta), (4, 4, 500000.0));
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0));
+        assert!(!c.tie_word_embeddings, "transformers' default");
+    }
+
+    #[test]
+    fn wrong_configs_name_the_field() {
+        let cases: Vec<(Value, &str)> = vec![
+            (json!({"model_type": "gpt2"}), "model_type \"gpt2\""),
+            (json!({"hidden_size": 8}), "missing model_type"),
+            ({ let mut j = llama(); j.as_object_mut().unwrap().remove("vocab_size"); j }, "missing field vocab_size"),
+            ({ let mut j = llama(); j["num_key_value_heads"] = json!(3); j }, "not a multiple of num_key_value_heads 3"),
+            ({ let mut j = llama(); j["hidden_size"] = json!(-8); j }, "hidden_size must be a positive integer"),
+            ({ let mut j = llama(); j["attention_bias"] = json!(true); j }, "attention_bias"),
+            ({ let mut j = llama(); j["rope_scaling"]["rope_type"] = json!("yarn"); j }, "rope_type \"yarn\""),
+            ({ let mut j = llama(); j["rope_scaling"]["factor"] = json!(null); j }, "llama3 needs"),
+        ];
+        for (cfg, want) in cases {
+            let err = ModelConfig::from_hf_json(&cfg).unwrap_err().to_string();
+            assert!(err.contains(want), "{err:?} should mention {want:?}");
+        }
+    }
+
+    #[test]
+    fn qwen35_layer_types_default_and_nested_text_config() {
+        let text = json!({"model_type": "qwen3_5_text", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 8, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 8,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}});
+        let c = ModelConfig::from_hf_json(&json!({"model_type": "qwen3_5", "text_config": text})).unwrap();
+        assert_eq!(c.prefix, "model.language_model.");
+        assert_eq!(c.rotary_dim, 2);
+        let full: Vec<usize> =
+            c.layer_types.iter().enumerate().filter(|(_, k)| **k == LayerKind::FullAttention).map(|(i, _)| i).collect();
+        assert_eq!(full, [3, 7]);
+    }
+}
