@@ -1,8 +1,12 @@
 //! Model files, tokenizer and architectures.
 pub mod config;
 pub mod cpu_projection;
+pub mod decoder;
 pub mod descriptor;
+pub mod generate;
 pub mod gguf;
 pub mod hf_dir;
+pub mod llama;
 pub mod quant;
+pub mod qwen35;
 pub mod source;

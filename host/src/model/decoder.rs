@@ -1,0 +1,257 @@
+//! The decoder-only model shared by all three architectures: embedding,
+//! layers (token mixer + SwiGLU MLP, pre-norm residual), final norm and the
+//! vocabulary head, built from a [`Descriptor`] and a [`TensorSource`].
+//!
+//! ```no_run
+//! use hexlora::model::decoder::Model;
+//! let model = Model::open("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! let mut state = model.new_state();
+//! let hidden = model.forward(&[1, 2, 3], &mut state)?;
+//! let logits = model.logits(&hidden); // [3, vocab]
+//! # Ok::<(), hexlora::Error>(())
+//! ```
+use crate::model::config::{Arch, LayerKind, ModelConfig};
+use crate::model::cpu_projection::CpuProjection;
+use crate::model::descriptor::{Descriptor, LayerDesc};
+use crate::model::gguf::Gguf;
+use crate::model::hf_dir::HfDir;
+use crate::model::llama::{read_vector, Attention, KvCache, Mlp};
+use crate::model::qwen35::{GatedDeltaNet, GdnState};
+use crate::model::source::{RawTensor, TensorSource};
+use crate::ops::embedding::embedding_forward;
+use crate::ops::rmsnorm::{rmsnorm_forward, NormWeight};
+use crate::ops::rope::rope_inv_freq;
+use crate::ops::softmax::logits_forward;
+use crate::projection::{Projection, ProjectionInfo};
+use crate::{Error, Result};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The token mixer of a layer.
+pub enum Mixer {
+    /// Softmax attention.
+    Attention(Attention),
+    /// Gated DeltaNet.
+    Gdn(GatedDeltaNet),
+}
+
+/// One decoder layer: `x += mixer(norm(x)); x += mlp(norm(x))`.
+pub struct Layer {
+    /// `input_layernorm.weight` `[hidden]`.
+    pub input_norm: Vec<f32>,
+    /// Attention or Gated DeltaNet.
+    pub mixer: Mixer,
+    /// `post_attention_layernorm.weight` `[hidden]`.
+    pub post_norm: Vec<f32>,
+    /// SwiGLU MLP.
+    pub mlp: Mlp,
+}
+
+/// Per-layer decoding state.
+#[derive(Clone, Debug)]
+pub enum LayerState {
+    /// Attention layers keep keys and values.
+    Kv(KvCache),
+    /// Gated DeltaNet layers keep the conv history and the recurrent state.
+    Gdn(GdnState),
+}
+
+/// Everything a model carries between calls while decoding one sequence.
+#[derive(Clone, Debug)]
+pub struct DecodeState {
+    /// Tokens processed so far (the next token's position).
+    pub pos: usize,
+    /// One per layer.
+    pub layers: Vec<LayerState>,
+}
+
+/// A loaded model.
+pub struct Model {
+    /// Sizes.
+    pub config: ModelConfig,
+    /// Names, shapes and ops.
+    pub descriptor: Descriptor,
+    /// Embedding table `[vocab, hidden]`.
+    pub embed: Vec<f32>,
+    /// Decoder layers.
+    pub layers: Vec<Layer>,
+    /// Final norm weight `[hidden]`.
+    pub final_norm: Vec<f32>,
+    /// Untied `lm_head.weight` `[vocab, hidden]`; `None` reads `embed`.
+    pub lm_head: Option<Vec<f32>>,
+    /// RMSNorm convention of residual-stream and q/k norms.
+    pub norm: NormWeight,
+    /// Rotary inverse frequencies `[rotary_dim / 2]`.
+    pub inv_freq: Vec<f32>,
+}
+
+/// Builds the [`Projection`] for one frozen weight (CPU by default; the
+/// split runtime passes its own to route projections to the NPU).
+pub type ProjectionFactory<'a> = dyn Fn(ProjectionInfo, &RawTensor<'_>) -> Result<Arc<dyn Projection>> + 'a;
+
+/// The default factory: dense f32 on the CPU.
+pub fn cpu_projection(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Arc<dyn Projection>> {
+    Ok(Arc::new(CpuProjection::from_raw(info, raw)?))
+}
+
+impl Model {
+    /// Opens a GGUF file or a Hugging Face directory with CPU projections.
+    pub fn open(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            let dir = HfDir::open(path)?;
+            let cfg = ModelConfig::from_hf_json(dir.config())?;
+            Self::load(cfg, &dir, &cpu_projection)
+        } else if path.extension().is_some_and(|e| e == "gguf") {
+            let g = Gguf::open(path)?;
+            let cfg = ModelConfig::from_gguf(&g)?;
+            Self::load(cfg, &g, &cpu_projection)
+        } else if path.exists() {
+            Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
+        } else {
+            Err(Error::io(path, std::io::Error::from(std::io::ErrorKind::NotFound)))
+        }
+    }
+
+    /// Builds the model for `config` from `src`, after checking that every
+    /// tensor the descriptor names is present with the right size.
+    pub fn load(config: ModelConfig, src: &dyn TensorSource, make: &ProjectionFactory<'_>) -> Result<Self> {
+        let descriptor = Descriptor::new(&config);
+        descriptor.check(src)?;
+        let layers = descriptor
+            .layers
+            .iter()
+            .map(|l| load_layer(&config, &descriptor, l, src, make))
+            .collect::<Result<Vec<_>>>()?;
+        let embed = src.get(&descriptor.embed.name)?.to_f32()?;
+        let lm_head = match &descriptor.lm_head {
+            Some(t) => Some(src.get(&t.name)?.to_f32()?),
+            None => None,
+        };
+        let inv_freq = rope_inv_freq(config.rotary_dim, config.rope_theta, &config.rope_scaling);
+        Ok(Model {
+            final_norm: read_vector(src, &descriptor.final_norm.name)?,
+            norm: descriptor.norm,
+            descriptor,
+            embed,
+            layers,
+            lm_head,
+            inv_freq,
+            config,
+        })
+    }
+
+    /// A fresh state for a new sequence.
+    pub fn new_state(&self) -> DecodeState {
+        let layers = self
+            .config
+            .layer_types
+            .iter()
+            .map(|k| match k {
+                LayerKind::FullAttention => LayerState::Kv(KvCache::default()),
+                LayerKind::LinearAttention => {
+                    LayerState::Gdn(GdnState::new(self.config.gdn.as_ref().expect("GDN layers have a GDN config")))
+                }
+            })
+            .collect();
+        DecodeState { pos: 0, layers }
+    }
+
+    /// Runs `ids` (continuing `state`) and returns the final-normed hidden
+    /// states `[ids.len(), hidden]`.
+    pub fn forward(&self, ids: &[u32], state: &mut DecodeState) -> Result<Vec<f32>> {
+        let (t, h) = (ids.len(), self.config.hidden_size);
+        let mut x = vec![0.0; t * h];
+        embedding_forward(&mut x, ids, &self.embed, h)?;
+        let positions: Vec<usize> = (state.pos..state.pos + t).collect();
+        let eps = self.config.rms_norm_eps;
+        let mut normed = vec![0.0; x.len()];
+        let mut rstd = vec![0.0; t];
+        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            rmsnorm_forward(&mut normed, &mut rstd, &x, &layer.input_norm, self.norm, eps);
+            let mixed = match (&layer.mixer, ls) {
+                (Mixer::Attention(a), LayerState::Kv(cache)) => a.forward(&normed, &positions, &self.inv_freq, cache)?,
+                (Mixer::Gdn(g), LayerState::Gdn(s)) => g.forward(&normed, t, s)?,
+                _ => return Err(Error::invalid("decode state", "does not belong to this model")),
+            };
+            add(&mut x, &mixed);
+            rmsnorm_forward(&mut normed, &mut rstd, &x, &layer.post_norm, self.norm, eps);
+            add(&mut x, &layer.mlp.forward(&normed, t)?);
+        }
+        rmsnorm_forward(&mut normed, &mut rstd, &x, &self.final_norm, self.norm, eps);
+        state.pos += t;
+        Ok(normed)
+    }
+
+    /// The vocabulary head's table `[vocab, hidden]` (`lm_head` or the tied embedding).
+    pub fn head_weight(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.embed)
+    }
+
+    /// `logits[rows, vocab]` for `hidden[rows, hidden]`.
+    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+        let rows = hidden.len() / self.config.hidden_size;
+        let mut out = vec![0.0; rows * self.config.vocab_size];
+        logits_forward(&mut out, hidden, self.head_weight(), self.config.hidden_size);
+        out
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn load_layer(
+    cfg: &ModelConfig,
+    desc: &Descriptor,
+    l: &LayerDesc,
+    src: &dyn TensorSource,
+    make: &ProjectionFactory<'_>,
+) -> Result<Layer> {
+    let proj = |suffix: &str| -> Result<Arc<dyn Projection>> {
+        let info = l.projections.iter().find(|p| p.name.ends_with(suffix)).expect("descriptor lists it");
+        make(info.clone(), &src.get(&format!("{}.weight", info.name))?)
+    };
+    let tensor = |suffix: &str| -> Result<Vec<f32>> {
+        let t = l.tensors.iter().find(|t| t.name.ends_with(suffix)).expect("descriptor lists it");
+        read_vector(src, &t.name)
+    };
+    let mixer = match l.kind {
+        LayerKind::FullAttention => Mixer::Attention(Attention {
+            q: proj(".q_proj")?,
+            k: proj(".k_proj")?,
+            v: proj(".v_proj")?,
+            o: proj(".o_proj")?,
+            qk_norm: match cfg.arch {
+                Arch::Llama => None,
+                Arch::Qwen3 | Arch::Qwen35 => Some((tensor(".q_norm.weight")?, tensor(".k_norm.weight")?)),
+            },
+            norm: desc.norm,
+            gated: cfg.arch == Arch::Qwen35,
+            n_head: cfg.n_head,
+            n_kv_head: cfg.n_kv_head,
+            head_dim: cfg.head_dim,
+            eps: cfg.rms_norm_eps,
+        }),
+        LayerKind::LinearAttention => Mixer::Gdn(GatedDeltaNet {
+            in_proj_qkv: proj("in_proj_qkv")?,
+            in_proj_z: proj("in_proj_z")?,
+            in_proj_b: proj("in_proj_b")?,
+            in_proj_a: proj("in_proj_a")?,
+            out_proj: proj("out_proj")?,
+            conv_weight: tensor("conv1d.weight")?,
+            dt_bias: tensor("dt_bias")?,
+            a_log: tensor("A_log")?,
+            norm_weight: tensor("linear_attn.norm.weight")?,
+            dims: cfg.gdn.expect("GDN layers have a GDN config"),
+            eps: cfg.rms_norm_eps,
+        }),
+    };
+    Ok(Layer {
+        input_norm: tensor("input_layernorm.weight")?,
+        mixer,
+        post_norm: tensor("post_attention_layernorm.weight")?,
+        mlp: Mlp { gate: proj("gate_proj")?, up: proj("up_proj")?, down: proj("down_proj")? },
+    })
+}

@@ -1,0 +1,104 @@
+//! Qwen3.5's Gated DeltaNet block (transformers' `Qwen3_5GatedDeltaNet`).
+//! Its full-attention layers are [`crate::model::llama::Attention`] with
+//! `gated = true`, (1 + w) q/k norms and partial rotary; the decoder that
+//! interleaves both is [`crate::model::decoder::Model`].
+use crate::model::config::GdnConfig;
+use crate::model::llama::project;
+use crate::ops::activation::silu_forward;
+use crate::ops::gdn::{
+    conv1d_causal_forward, conv1d_next_history, delta_rule_forward, gated_rmsnorm_forward, gdn_gates_forward,
+    l2norm_forward, DeltaDims,
+};
+use crate::projection::Projection;
+use crate::Result;
+use std::sync::Arc;
+
+/// transformers' `l2norm` epsilon (fixed, not `rms_norm_eps`).
+const L2NORM_EPS: f32 = 1e-6;
+
+/// What a Gated DeltaNet layer carries from one piece of a sequence to the next.
+#[derive(Clone, Debug)]
+pub struct GdnState {
+    /// Last `conv_kernel - 1` conv inputs, `[K - 1, conv_dim]`.
+    pub conv: Vec<f32>,
+    /// Delta-rule state, f32 `[n_v_head, k_dim, v_dim]`.
+    pub recurrent: Vec<f32>,
+}
+
+impl GdnState {
+    /// The state at sequence start (zeros).
+    pub fn new(g: &GdnConfig) -> Self {
+        GdnState {
+            conv: vec![0.0; (g.conv_kernel - 1) * g.conv_dim()],
+            recurrent: vec![0.0; g.n_v_head * g.k_dim * g.v_dim],
+        }
+    }
+}
+
+/// One Gated DeltaNet token mixer.
+pub struct GatedDeltaNet {
+    /// `[2 * key_dim + value_dim, hidden]`.
+    pub in_proj_qkv: Arc<dyn Projection>,
+    /// `[value_dim, hidden]`.
+    pub in_proj_z: Arc<dyn Projection>,
+    /// `[n_v_head, hidden]`.
+    pub in_proj_b: Arc<dyn Projection>,
+    /// `[n_v_head, hidden]`.
+    pub in_proj_a: Arc<dyn Projection>,
+    /// `[hidden, value_dim]`.
+    pub out_proj: Arc<dyn Projection>,
+    /// Depthwise conv weight `[conv_dim, K]`.
+    pub conv_weight: Vec<f32>,
+    /// `[n_v_head]`.
+    pub dt_bias: Vec<f32>,
+    /// `[n_v_head]`.
+    pub a_log: Vec<f32>,
+    /// Gated RMSNorm weight `[v_dim]` (plain `w` convention).
+    pub norm_weight: Vec<f32>,
+    /// Sizes.
+    pub dims: GdnConfig,
+    /// RMSNorm epsilon of the gated norm.
+    pub eps: f32,
+}
+
+impl GatedDeltaNet {
+    /// `x: [tokens, hidden] -> [tokens, hidden]`, continuing from `state`.
+    pub fn forward(&self, x: &[f32], tokens: usize, state: &mut GdnState) -> Result<Vec<f32>> {
+        let d = self.dims;
+        let (key_dim, conv_dim) = (d.key_dim(), d.conv_dim());
+        let qkv = project(&*self.in_proj_qkv, x, tokens)?;
+        let z = project(&*self.in_proj_z, x, tokens)?;
+        let b = project(&*self.in_proj_b, x, tokens)?;
+        let a = project(&*self.in_proj_a, x, tokens)?;
+
+        let mut conv = vec![0.0; qkv.len()];
+        conv1d_causal_forward(&mut conv, &qkv, &state.conv, &self.conv_weight, conv_dim);
+        state.conv = conv1d_next_history(&state.conv, &qkv, conv_dim);
+        let mut mixed = vec![0.0; conv.len()];
+        silu_forward(&mut mixed, &conv);
+
+        // rows of `mixed` are [q | k | v]
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for row in mixed.chunks_exact(conv_dim) {
+            q.extend_from_slice(&row[..key_dim]);
+            k.extend_from_slice(&row[key_dim..2 * key_dim]);
+            v.extend_from_slice(&row[2 * key_dim..]);
+        }
+        let mut rnorm = vec![0.0; tokens * d.n_k_head];
+        let (q_raw, k_raw) = (q.clone(), k.clone());
+        l2norm_forward(&mut q, &mut rnorm, &q_raw, d.k_dim, L2NORM_EPS);
+        l2norm_forward(&mut k, &mut rnorm, &k_raw, d.k_dim, L2NORM_EPS);
+
+        let (mut g, mut beta) = (vec![0.0; a.len()], vec![0.0; b.len()]);
+        gdn_gates_forward(&mut g, &mut beta, &a, &b, &self.a_log, &self.dt_bias);
+
+        let mut o = vec![0.0; v.len()];
+        let dd = DeltaDims { n_k_head: d.n_k_head, n_v_head: d.n_v_head, k_dim: d.k_dim, v_dim: d.v_dim };
+        delta_rule_forward(&mut o, &mut state.recurrent, &q, &k, &v, &g, &beta, dd);
+
+        let mut normed = vec![0.0; o.len()];
+        let mut rstd = vec![0.0; tokens * d.n_v_head];
+        gated_rmsnorm_forward(&mut normed, &mut rstd, &o, &z, &self.norm_weight, self.eps);
+        project(&*self.out_proj, &normed, tokens)
+    }
+}
