@@ -49,15 +49,19 @@ fn check_logits(name: &str) {
     let exp = Expected::load(name);
     let (shape, ids) = exp.ids("input_ids");
     let (_, want) = exp.f32("logits");
+    let (_, want64) = exp.f32("logits_f64");
     let (batch, seq) = (shape[0], shape[1]);
     let vocab = model.config.vocab_size;
     for b in 0..batch {
         let mut state = model.new_state();
         let hidden = model.forward(&ids[b * seq..(b + 1) * seq], &mut state).unwrap();
         let got = model.logits(&hidden);
-        let err = rel_err(&got, &want[b * seq * vocab..(b + 1) * seq * vocab]);
-        println!("{name} sequence {b}: {seq} tokens, max-normalised logit error {err:.2e}");
+        let rows = b * seq * vocab..(b + 1) * seq * vocab;
+        let err = rel_err(&got, &want[rows.clone()]);
+        let err64 = rel_err(&got, &want64[rows]);
+        println!("{name} sequence {b}: {seq} tokens, max-normalised logit error {err:.2e} (f32 torch), {err64:.2e} (f64 torch)");
         assert!(err < 1e-4, "{name} sequence {b}: logits differ from transformers by {err:.2e}");
+        assert!(err64 < 1e-4, "{name} sequence {b}: logits differ from transformers in f64 by {err64:.2e}");
     }
 }
 
