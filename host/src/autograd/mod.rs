@@ -17,3 +17,5 @@ pub use tape::{Tape, Var};
 
 #[cfg(test)]
 pub(crate) mod gradcheck_tests;
+#[cfg(test)]
+mod ops_gradcheck_tests;

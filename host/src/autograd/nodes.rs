@@ -4,7 +4,11 @@
 //! lives in forward/backward slice functions (`ops/`, `lora/branch.rs`).
 use super::tape::{Tape, Var};
 use crate::lora::branch::{self, Dropout};
+use crate::ops::attention::{attention_backward, attention_forward, AttnDims};
 use crate::ops::cross_entropy;
+use crate::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward, NormWeight};
+use crate::ops::rope::rope_apply;
+use crate::ops::swiglu::{swiglu_backward, swiglu_forward};
 use crate::projection::{Direction, Projection};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -25,6 +29,17 @@ pub(crate) enum NodeKind {
     LoraAdd { scaling: f32, dropout: Option<Dropout>, xa: Vec<f32> },
     /// `Y = A + B`, same shapes. Inputs `[a, b]`.
     Add,
+    /// RMSNorm over rows of `weight.len()` with a frozen weight. Inputs
+    /// `[x: [rows, dim]]`; saves `rstd: [rows]`.
+    RmsNorm { weight: Arc<Vec<f32>>, kind: NormWeight, rstd: Vec<f32> },
+    /// Rotary embedding of `x: [tokens, heads * head_dim]`, token `t` at
+    /// `positions[t]`. Saves nothing (the backward rotates back).
+    Rope { positions: Arc<Vec<usize>>, heads: usize, head_dim: usize, inv_freq: Arc<Vec<f32>> },
+    /// Attention per sequence of `dims.q_len` rows (batch = rows / q_len).
+    /// Inputs `[q, k, v]`; saves `lse: [rows, n_head]`.
+    Attention { dims: AttnDims, scale: f32, lse: Vec<f32> },
+    /// `silu(gate) * up`. Inputs `[gate, up]`; saves nothing beyond them.
+    SwiGlu,
     /// Vocabulary head + cross-entropy, fused and chunked over tokens.
     /// Inputs `[x: [T, hidden]]`, output the scalar loss. Because the loss is
     /// the end of the graph, `dL/dX` is computed during the forward (chunk by
@@ -42,7 +57,7 @@ impl NodeKind {
     pub(crate) fn backward(
         &self,
         inputs: &[&Tensor],
-        _output: &Tensor,
+        output: &Tensor,
         dout: Tensor,
         wanted: &[bool],
     ) -> Result<Vec<Option<Tensor>>> {
@@ -66,6 +81,27 @@ impl NodeKind {
                 let dbase = wanted[0].then(|| dout.clone());
                 Ok(vec![dbase, wrap(grads.dx, x), wrap(grads.da, a), wrap(grads.db, b)])
             }
+            NodeKind::RmsNorm { weight, kind, rstd } => {
+                let mut dx = Tensor::zeros(&inputs[0].shape);
+                rmsnorm_backward(&mut dx.data, &dout.data, &inputs[0].data, weight, rstd, *kind);
+                Ok(vec![Some(dx)])
+            }
+            NodeKind::Rope { positions, heads, head_dim, inv_freq } => {
+                let mut dx = dout;
+                rope_apply(&mut dx.data, positions, *heads, *head_dim, inv_freq, true);
+                Ok(vec![Some(dx)])
+            }
+            NodeKind::Attention { dims, scale, lse } => Ok(attention_node_backward(inputs, output, &dout, lse, *dims, *scale)
+                .into_iter()
+                .zip(wanted)
+                .map(|(g, &w)| w.then_some(g))
+                .collect()),
+            NodeKind::SwiGlu => {
+                let (g, u) = (inputs[0], inputs[1]);
+                let (mut dg, mut du) = (Tensor::zeros(&g.shape), Tensor::zeros(&u.shape));
+                swiglu_backward(&mut dg.data, &mut du.data, &dout.data, &g.data, &u.data);
+                Ok(vec![wanted[0].then_some(dg), wanted[1].then_some(du)])
+            }
             NodeKind::Add => Ok(vec![wanted[0].then(|| dout.clone()), wanted[1].then_some(dout)]),
             NodeKind::HeadLoss { dx } => {
                 let g = dout.data[0];
@@ -80,6 +116,30 @@ impl NodeKind {
             NodeKind::Segment { f } => segment_backward(f, inputs, dout, wanted),
         }
     }
+}
+
+/// Per-sequence slices of q/k/v/out/lse for [`attention_backward`].
+fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse: &[f32], d: AttnDims, scale: f32) -> Vec<Tensor> {
+    let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+    let (mut dq, mut dk, mut dv) = (Tensor::zeros(&q.shape), Tensor::zeros(&k.shape), Tensor::zeros(&v.shape));
+    let (qw, kw, lw) = (d.q_len * d.n_head * d.head_dim, d.kv_len * d.n_kv_head * d.head_dim, d.q_len * d.n_head);
+    for s in 0..q.len() / qw {
+        let (qs, ks, ls) = (s * qw..(s + 1) * qw, s * kw..(s + 1) * kw, s * lw..(s + 1) * lw);
+        attention_backward(
+            &mut dq.data[qs.clone()],
+            &mut dk.data[ks.clone()],
+            &mut dv.data[ks.clone()],
+            &dout.data[qs.clone()],
+            &q.data[qs.clone()],
+            &k.data[ks.clone()],
+            &v.data[ks],
+            &out.data[qs],
+            &lse[ls],
+            d,
+            scale,
+        );
+    }
+    vec![dq, dk, dv]
 }
 
 fn segment_backward(f: &SegmentFn, inputs: &[&Tensor], dout: Tensor, wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
@@ -139,6 +199,60 @@ impl Tape {
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
         branch::forward(&mut y.data, &mut xa, &xv.data, &av.data, &bv.data, scaling, dropout, shapes);
         Ok(self.push(NodeKind::LoraAdd { scaling, dropout, xa }, &[base, x, a, b], y))
+    }
+
+    /// RMSNorm of `x` over rows of `weight.len()` features.
+    pub fn rms_norm(&mut self, x: Var, weight: &Arc<Vec<f32>>, kind: NormWeight, eps: f32) -> Result<Var> {
+        let xv = self.value(x);
+        if weight.is_empty() || xv.len() % weight.len() != 0 {
+            return Err(Error::Shape { what: "rms_norm input".into(), expected: vec![weight.len()], got: xv.shape.clone() });
+        }
+        let mut y = Tensor::zeros(&xv.shape);
+        let mut rstd = vec![0.0; xv.len() / weight.len()];
+        rmsnorm_forward(&mut y.data, &mut rstd, &xv.data, weight, kind, eps);
+        Ok(self.push(NodeKind::RmsNorm { weight: weight.clone(), kind, rstd }, &[x], y))
+    }
+
+    /// Rotary embedding of `x: [tokens, heads * head_dim]` at `positions`.
+    pub fn rope(&mut self, x: Var, positions: &Arc<Vec<usize>>, heads: usize, head_dim: usize, inv_freq: &Arc<Vec<f32>>) -> Result<Var> {
+        let xv = self.value(x);
+        if xv.len() != positions.len() * heads * head_dim || 2 * inv_freq.len() > head_dim {
+            return Err(Error::Shape { what: "rope input".into(), expected: vec![positions.len(), heads * head_dim], got: xv.shape.clone() });
+        }
+        let mut y = xv.clone();
+        rope_apply(&mut y.data, positions, heads, head_dim, inv_freq, false);
+        let kind = NodeKind::Rope { positions: positions.clone(), heads, head_dim, inv_freq: inv_freq.clone() };
+        Ok(self.push(kind, &[x], y))
+    }
+
+    /// Attention over sequences of `dims.q_len` rows (`dims.kv_len` must
+    /// equal it: training has no cache). `q: [rows, n_head * head_dim]`,
+    /// `k`, `v: [rows, n_kv_head * head_dim]`.
+    pub fn attention(&mut self, q: Var, k: Var, v: Var, dims: AttnDims, scale: f32) -> Result<Var> {
+        let (qv, kv, vv) = (self.value(q), self.value(k), self.value(v));
+        let qw = dims.q_len * dims.n_head * dims.head_dim;
+        let kw = dims.kv_len * dims.n_kv_head * dims.head_dim;
+        let ok = dims.q_len == dims.kv_len && qw > 0 && dims.n_kv_head > 0 && dims.n_head % dims.n_kv_head == 0;
+        if !ok || qv.len() % qw != 0 || kv.len() != qv.len() / qw * kw || vv.len() != kv.len() {
+            return Err(Error::Shape { what: "attention q/k/v".into(), expected: vec![qw, kw], got: vec![qv.len(), kv.len(), vv.len()] });
+        }
+        let seqs = qv.len() / qw;
+        let mut y = Tensor::zeros(&qv.shape);
+        let mut lse = vec![0.0; seqs * dims.q_len * dims.n_head];
+        let lw = dims.q_len * dims.n_head;
+        for s in 0..seqs {
+            let (qs, ks) = (s * qw..(s + 1) * qw, s * kw..(s + 1) * kw);
+            attention_forward(&mut y.data[qs.clone()], &mut lse[s * lw..(s + 1) * lw], &qv.data[qs], &kv.data[ks.clone()], &vv.data[ks], dims, scale);
+        }
+        Ok(self.push(NodeKind::Attention { dims, scale, lse }, &[q, k, v], y))
+    }
+
+    /// `silu(gate) * up`.
+    pub fn swiglu(&mut self, gate: Var, up: Var) -> Result<Var> {
+        same_shape("swiglu", self.value(gate), self.value(up))?;
+        let mut y = Tensor::zeros(&self.value(gate).shape);
+        swiglu_forward(&mut y.data, &self.value(gate).data, &self.value(up).data);
+        Ok(self.push(NodeKind::SwiGlu, &[gate, up], y))
     }
 
     /// `a + b` (residual connections).

@@ -1,2 +1,10 @@
-//! Training: data, the loop, activation budget, commits and resume.
+//! Training: the model-facing graph contract ([`graph`]), the loop
+//! ([`trainer`]), activation budget ([`budget`]), commits and resume
+//! ([`commit`], [`atomic_write`]) and run outputs ([`metrics`]).
 pub mod atomic_write;
+pub mod budget;
+pub mod commit;
+pub mod graph;
+pub mod metrics;
+pub mod decoder_graph;
+pub mod grad;

@@ -1,0 +1,194 @@
+//! The training graph of the attention decoders (Llama, Qwen3): one
+//! recomputable segment per layer, the fused vocabulary head + loss at the
+//! end. Per layer (`x: [rows, hidden]`, rows = batch * seq):
+//!
+//! ```text
+//! h  = rmsnorm(x)                       q/k/v = proj(h) + lora      (Qwen3: q/k rmsnorm per head)
+//! q, k = rope(q), rope(k)               a = attention(q, k, v)      (causal, GQA)
+//! x1 = x + proj_o(a) + lora             h2 = rmsnorm(x1)
+//! m  = swiglu(proj_gate(h2) + lora, proj_up(h2) + lora)
+//! y  = x1 + proj_down(m) + lora
+//! ```
+//!
+//! Frozen weights are only reached through [`Projection`]s, which callers may
+//! swap (the split runtime routes them to the NPU).
+use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
+use crate::model::config::{Arch, LayerKind, ModelConfig};
+use crate::model::cpu_projection::CpuProjection;
+use crate::model::descriptor::Descriptor;
+use crate::model::source::TensorSource;
+use crate::ops::attention::AttnDims;
+use crate::ops::embedding::embedding_forward;
+use crate::ops::rmsnorm::NormWeight;
+use crate::ops::rope::rope_inv_freq;
+use crate::projection::{Projection, ProjectionInfo, ProjectionKind};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Frozen parts of one layer.
+struct Layer {
+    /// q, k, v, o, gate, up, down.
+    proj: [Arc<dyn Projection>; 7],
+    input_norm: Arc<Vec<f32>>,
+    post_norm: Arc<Vec<f32>>,
+    /// Qwen3's per-head q/k norms.
+    qk_norm: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
+}
+
+struct Shared {
+    cfg: ModelConfig,
+    norm: NormWeight,
+    layers: Vec<Layer>,
+    inv_freq: Arc<Vec<f32>>,
+}
+
+/// A Llama/Qwen3 model ready to be differentiated.
+pub struct DecoderGraph {
+    shared: Arc<Shared>,
+    /// `[vocab, hidden]` token embeddings.
+    embed: Arc<Vec<f32>>,
+    final_norm: Arc<Vec<f32>>,
+    head: Arc<dyn Projection>,
+}
+
+fn f32_tensor(src: &dyn TensorSource, name: &str) -> Result<Arc<Vec<f32>>> {
+    Ok(Arc::new(src.get(name)?.to_f32()?))
+}
+
+impl DecoderGraph {
+    /// Loads every tensor of `cfg`'s architecture from `src` with CPU f32
+    /// projections. Qwen3.5 (Gated DeltaNet) is not wired into training yet.
+    pub fn load(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Self> {
+        if cfg.arch == Arch::Qwen35 || cfg.layer_types.iter().any(|k| *k != LayerKind::FullAttention) {
+            return Err(Error::Unsupported("training Qwen3.5 (Gated DeltaNet layers) is not implemented yet".into()));
+        }
+        let desc = Descriptor::new(&cfg);
+        desc.check(src)?;
+        let proj = |info: &ProjectionInfo| -> Result<Arc<dyn Projection>> {
+            Ok(Arc::new(CpuProjection::from_raw(info.clone(), &src.get(&format!("{}.weight", info.name))?)?))
+        };
+        let mut layers = Vec::new();
+        for (l, ld) in desc.layers.iter().enumerate() {
+            let p: Vec<Arc<dyn Projection>> = ld.projections.iter().map(proj).collect::<Result<_>>()?;
+            let lp = format!("{}layers.{l}.", cfg.prefix);
+            let qk_norm = match cfg.arch {
+                Arch::Llama => None,
+                _ => Some((f32_tensor(src, &format!("{lp}self_attn.q_norm.weight"))?, f32_tensor(src, &format!("{lp}self_attn.k_norm.weight"))?)),
+            };
+            layers.push(Layer {
+                proj: p.try_into().map_err(|_| Error::Unsupported("attention layer without exactly 7 projections".into()))?,
+                input_norm: f32_tensor(src, &format!("{lp}input_layernorm.weight"))?,
+                post_norm: f32_tensor(src, &format!("{lp}post_attention_layernorm.weight"))?,
+                qk_norm,
+            });
+        }
+        let embed = f32_tensor(src, &desc.embed.name)?;
+        let head_name = desc.lm_head.as_ref().map_or(desc.embed.name.clone(), |t| t.name.clone());
+        let head_info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: cfg.vocab_size, in_features: cfg.hidden_size };
+        let head_w = if desc.lm_head.is_some() { src.get(&head_name)?.to_f32()? } else { embed.as_ref().clone() };
+        let head: Arc<dyn Projection> = Arc::new(CpuProjection::new(head_info, head_w)?);
+        let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
+        let final_norm = f32_tensor(src, &desc.final_norm.name)?;
+        Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq }), embed, final_norm, head })
+    }
+
+    /// The model configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.shared.cfg
+    }
+}
+
+/// One layer as a segment: `params` are the `(A, B)` pairs of its adapted
+/// projections, in `names` order.
+fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora: (f32, f32, u64), positions: Arc<Vec<usize>>, seq: usize) -> SegmentFn {
+    Arc::new(move |tape: &mut Tape, x: Var, params: &[Var]| {
+        let (scaling, dropout, seed) = lora;
+        let layer = &shared.layers[l];
+        let cfg = &shared.cfg;
+        let eps = cfg.rms_norm_eps;
+        let lin = |tape: &mut Tape, i: usize, h: Var| -> Result<Var> {
+            let y = tape.projection(h, &layer.proj[i])?;
+            let Some(k) = names[i] else { return Ok(y) };
+            let dropout = (dropout > 0.0).then(|| crate::lora::branch::Dropout { p: dropout, seed: counter_rng::derive(seed, (l * 7 + i) as u64) });
+            tape.lora_add(y, h, params[2 * k], params[2 * k + 1], scaling, dropout)
+        };
+        let h = tape.rms_norm(x, &layer.input_norm, shared.norm, eps)?;
+        let (mut q, mut k, v) = (lin(tape, 0, h)?, lin(tape, 1, h)?, lin(tape, 2, h)?);
+        if let Some((qn, kn)) = &layer.qk_norm {
+            q = tape.rms_norm(q, qn, shared.norm, eps)?;
+            k = tape.rms_norm(k, kn, shared.norm, eps)?;
+        }
+        let q = tape.rope(q, &positions, cfg.n_head, cfg.head_dim, &shared.inv_freq)?;
+        let k = tape.rope(k, &positions, cfg.n_kv_head, cfg.head_dim, &shared.inv_freq)?;
+        let dims = AttnDims { q_len: seq, kv_len: seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, causal: true };
+        let a = tape.attention(q, k, v, dims, 1.0 / (cfg.head_dim as f32).sqrt())?;
+        let o = lin(tape, 3, a)?;
+        let x1 = tape.add(x, o)?;
+        let h2 = tape.rms_norm(x1, &layer.post_norm, shared.norm, eps)?;
+        let (g, u) = (lin(tape, 4, h2)?, lin(tape, 5, h2)?);
+        let m = tape.swiglu(g, u)?;
+        let d = lin(tape, 6, m)?;
+        tape.add(x1, d)
+    })
+}
+
+impl TrainableModel for DecoderGraph {
+    fn projections(&self) -> Vec<ProjectionInfo> {
+        self.shared.layers.iter().flat_map(|l| l.proj.iter().map(|p| p.info().clone())).collect()
+    }
+
+    fn layer_count(&self) -> usize {
+        self.shared.layers.len()
+    }
+
+    fn activation_bytes_per_token_layer(&self) -> usize {
+        let c = &self.shared.cfg;
+        4 * (8 * c.hidden_size + 4 * c.intermediate_size + 2 * (c.n_head + 2 * c.n_kv_head) * c.head_dim)
+    }
+
+    fn loss(&self, tape: &mut Tape, batch: &Batch, lora: &LoraVars, opts: &GraphOptions, logits: Option<&mut Vec<f32>>) -> Result<Var> {
+        let (b, seq) = batch.dims()?;
+        let cfg = &self.shared.cfg;
+        let ids: Vec<u32> = batch.input_ids.concat();
+        let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
+        embedding_forward(&mut x.data, &ids, &self.embed, cfg.hidden_size)?;
+        let mut x = tape.constant(x);
+        let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
+        for l in 0..self.shared.layers.len() {
+            let mut params = Vec::new();
+            let names: Vec<Option<usize>> = self.shared.layers[l]
+                .proj
+                .iter()
+                .map(|p| {
+                    lora.factors.get(&p.info().name).map(|&(a, bb)| {
+                        params.extend([a, bb]);
+                        params.len() / 2 - 1
+                    })
+                })
+                .collect();
+            let f = layer_segment(self.shared.clone(), l, names, (lora.scaling, lora.dropout, lora.dropout_seed), positions.clone(), seq);
+            let recompute = opts.recompute_layers.get(l).copied().unwrap_or(false);
+            x = tape.segment(&f, x, &params, recompute)?;
+        }
+        let h = tape.rms_norm(x, &self.final_norm, self.shared.norm, cfg.rms_norm_eps)?;
+        let targets = batch.targets();
+        let denom = opts.loss_denominator.unwrap_or(targets.iter().filter(|&&t| t >= 0).count().max(1) as f32);
+        let chunk = if opts.head_chunk == 0 { 64 } else { opts.head_chunk };
+        tape.head_loss(h, &self.head, &targets, denom, chunk, logits)
+    }
+}
+
+/// Attaches `modules` (name, A, B) as parameters on `tape`.
+pub fn lora_params(tape: &mut Tape, modules: &[crate::lora::LoraModule]) -> (HashMap<String, (Var, Var)>, Vec<(Var, Var)>) {
+    let mut map = HashMap::new();
+    let mut order = Vec::new();
+    for m in modules {
+        let pair = (tape.param(m.a.clone()), tape.param(m.b.clone()));
+        map.insert(m.name.clone(), pair);
+        order.push(pair);
+    }
+    (map, order)
+}

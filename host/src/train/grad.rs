@@ -1,0 +1,67 @@
+//! One forward + backward of a batch with an adapter attached, no optimizer:
+//! what `hexlora grad` writes and what the PyTorch fixtures check.
+use super::decoder_graph::lora_params;
+use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::autograd::Tape;
+use crate::lora::peft::peft_key;
+use crate::lora::tensor_file::TensorFile;
+use crate::lora::Adapter;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// Loss, logits and the adapter's gradients for one batch.
+pub struct GradResult {
+    /// Mean loss over non-ignored targets.
+    pub loss: f32,
+    /// `[batch, seq, vocab]` when asked for.
+    pub logits: Option<Tensor>,
+    /// Gradient per adapter tensor, under its PEFT key.
+    pub grads: TensorFile,
+}
+
+/// Checks that every adapter module names a projection of the model with
+/// matching widths.
+pub fn check_adapter(model: &dyn TrainableModel, adapter: &Adapter) -> Result<()> {
+    let projections = model.projections();
+    for m in &adapter.modules {
+        let p = projections
+            .iter()
+            .find(|p| p.name == m.name)
+            .ok_or_else(|| Error::invalid("adapter", format!("module {} is not a projection of this model", m.name)))?;
+        if m.a.shape != [adapter.config.r, p.in_features] || m.b.shape != [p.out_features, adapter.config.r] {
+            return Err(Error::Shape {
+                what: format!("adapter factors of {}", m.name),
+                expected: vec![adapter.config.r, p.in_features, p.out_features, adapter.config.r],
+                got: [m.a.shape.clone(), m.b.shape.clone()].concat(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Forward + backward with dropout off. `opts` selects recompute etc.
+pub fn compute_grads(model: &dyn TrainableModel, adapter: &Adapter, batch: &Batch, opts: &GraphOptions, want_logits: bool) -> Result<GradResult> {
+    check_adapter(model, adapter)?;
+    let (b, seq) = batch.dims()?;
+    let mut tape = Tape::new();
+    let (factors, order) = lora_params(&mut tape, &adapter.modules);
+    let lora = LoraVars { factors, scaling: adapter.config.scaling(), dropout: 0.0, dropout_seed: 0 };
+    let mut logits = want_logits.then(Vec::new);
+    let loss = model.loss(&mut tape, batch, &lora, opts, logits.as_mut())?;
+    tape.backward(loss)?;
+    let mut grads = TensorFile::default();
+    for (m, (a, bv)) in adapter.modules.iter().zip(order) {
+        for (which, v, like) in [("A", a, &m.a), ("B", bv, &m.b)] {
+            let g = tape.take_grad(v).unwrap_or_else(|| Tensor::zeros(&like.shape));
+            grads.tensors.insert(peft_key(&m.name, which), g);
+        }
+    }
+    let logits = match logits {
+        Some(l) => {
+            let vocab = l.len() / (b * seq).max(1);
+            Some(Tensor::from_vec(&[b, seq, vocab], l)?)
+        }
+        None => None,
+    };
+    Ok(GradResult { loss: tape.value(loss).data[0], logits, grads })
+}

@@ -1,0 +1,109 @@
+//! What the training loop needs from a model: the projections an adapter can
+//! target, and a way to record the loss of a batch on a tape with the LoRA
+//! factors attached. Architectures implement [`TrainableModel`]; the loop,
+//! `hexlora grad` and the hypernetwork only talk to this trait.
+use crate::autograd::{Tape, Var};
+use crate::lora::branch::Dropout;
+use crate::projection::ProjectionInfo;
+use crate::autograd::counter_rng;
+use crate::Result;
+use std::collections::HashMap;
+
+/// Token sequences of equal length with aligned labels, Hugging Face style:
+/// `labels[b][t]` is the token expected at position `t` (the shift to "next
+/// token" happens in [`Batch::targets`]); `-100` is ignored.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Batch {
+    /// `[batch, seq]` token ids.
+    pub input_ids: Vec<Vec<u32>>,
+    /// `[batch, seq]` labels.
+    pub labels: Vec<Vec<i64>>,
+}
+
+impl Batch {
+    /// `(batch, seq)`, checking that every row has the same length.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        let seq = self.input_ids.first().map_or(0, Vec::len);
+        let rows_ok = self.input_ids.iter().all(|r| r.len() == seq) && self.labels.len() == self.input_ids.len();
+        if seq == 0 || !rows_ok || self.labels.iter().any(|r| r.len() != seq) {
+            return Err(crate::Error::invalid("batch", "input_ids and labels must be non-empty rows of one common length"));
+        }
+        Ok((self.input_ids.len(), seq))
+    }
+
+    /// Shifted targets `[batch * seq]`: row `t` predicts `labels[t + 1]`; the
+    /// last position of each sequence has no target (-100).
+    pub fn targets(&self) -> Vec<i64> {
+        self.labels.iter().flat_map(|row| row.iter().skip(1).copied().chain([-100])).collect()
+    }
+
+    /// Number of non-ignored shifted targets.
+    pub fn target_count(&self) -> usize {
+        self.targets().iter().filter(|&&t| t >= 0).count()
+    }
+}
+
+/// The LoRA factors on the tape, by projection name, and how to apply them.
+pub struct LoraVars {
+    /// `(A, B)` per adapted projection.
+    pub factors: HashMap<String, (Var, Var)>,
+    /// `alpha / r`.
+    pub scaling: f32,
+    /// Dropout probability (0 for evaluation and `hexlora grad`).
+    pub dropout: f32,
+    /// Seed of this micro-batch's dropout masks.
+    pub dropout_seed: u64,
+}
+
+impl LoraVars {
+    /// Adds the LoRA branch of projection `name` (if adapted) to `base`, the
+    /// projection's output for input `x`. `slot` is a per-call index that
+    /// makes dropout masks differ between projections.
+    pub fn apply(&self, tape: &mut Tape, name: &str, base: Var, x: Var, slot: u64) -> Result<Var> {
+        let Some(&(a, b)) = self.factors.get(name) else { return Ok(base) };
+        let dropout = (self.dropout > 0.0).then(|| Dropout { p: self.dropout, seed: counter_rng::derive(self.dropout_seed, slot) });
+        tape.lora_add(base, x, a, b, self.scaling, dropout)
+    }
+}
+
+/// Per-call switches of the training graph.
+#[derive(Clone, Debug, Default)]
+pub struct GraphOptions {
+    /// Layers (by index) that keep only their input and recompute their
+    /// forward in the backward pass.
+    pub recompute_layers: Vec<bool>,
+    /// Token rows per chunk of the vocabulary head.
+    pub head_chunk: usize,
+    /// Divide the summed token loss by this (defaults to the batch's target
+    /// count): gradient accumulation passes the whole step's count.
+    pub loss_denominator: Option<f32>,
+}
+
+/// A model the training engine can differentiate.
+pub trait TrainableModel: Send + Sync {
+    /// Every frozen projection, in model order (LoRA targets come from here).
+    fn projections(&self) -> Vec<ProjectionInfo>;
+    /// Number of decoder layers (for the activation budget).
+    fn layer_count(&self) -> usize;
+    /// Rough bytes of saved activations per token per layer, for the budget.
+    fn activation_bytes_per_token_layer(&self) -> usize;
+    /// Records the forward of `batch` with `lora` attached and returns the
+    /// scalar mean loss. When `logits` is given, `[batch * seq, vocab]`
+    /// logits are appended to it.
+    fn loss(&self, tape: &mut Tape, batch: &Batch, lora: &LoraVars, opts: &GraphOptions, logits: Option<&mut Vec<f32>>) -> Result<Var>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_shift_and_ignore_the_last_position() {
+        let b = Batch { input_ids: vec![vec![5, 6, 7], vec![1, 2, 3]], labels: vec![vec![-100, 6, 7], vec![1, -100, 3]] };
+        assert_eq!(b.targets(), vec![6, 7, -100, -100, 3, -100]);
+        assert_eq!(b.target_count(), 3);
+        assert_eq!(b.dims().unwrap(), (2, 3));
+        let ragged = Batch { input_ids: vec![vec![1, 2], vec![3]], labels: vec![vec![1, 2], vec![3]] };
+        assert!(ragged.dims().is_err());
+    }
+}
