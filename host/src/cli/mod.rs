@@ -1,6 +1,7 @@
 //! `hexlora` subcommands: one file each; this file only dispatches.
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod rouge;
 use std::process::ExitCode;
 
@@ -18,6 +19,8 @@ enum Command {
     Info,
     /// Score prediction/reference pairs with ROUGE-1/2/L (rouge-score compatible).
     Rouge(rouge::Args),
+    /// Build the bundled benchmarks (quotes-tag, mail-subject, sotu-continue).
+    Bench(bench::Args),
 }
 
 /// Parses arguments, runs the subcommand, prints errors in one line.
@@ -29,6 +32,7 @@ pub fn main() -> ExitCode {
             Ok(())
         }
         Command::Rouge(args) => rouge::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,63 @@
+//! `hexlora bench build --out DIR`: the bundled benchmarks from packaged text.
+use crate::eval::bench::{self, mail, quotes, sotu};
+use std::path::{Path, PathBuf};
+
+/// Build the bundled benchmarks.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Write quotes-tag, mail-subject and sotu-continue in LaMP format under OUT/<name>/.
+    Build(BuildArgs),
+}
+
+#[derive(clap::Args)]
+struct BuildArgs {
+    /// Output directory (one sub-directory per benchmark).
+    #[arg(long)]
+    out: PathBuf,
+    /// Build only these benchmarks (comma-separated); default all.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Seed of the user split and held-out choice.
+    #[arg(long, default_value_t = 20261129)]
+    seed: u64,
+    /// Debian `fortunes` directory.
+    #[arg(long, default_value = quotes::DEFAULT_DIR)]
+    fortunes_dir: PathBuf,
+    /// The spam-assassin package's `data/` directory.
+    #[arg(long, default_value = mail::DEFAULT_DIR)]
+    spam_dir: PathBuf,
+    /// The sotu package's `data/` directory.
+    #[arg(long, default_value = sotu::DEFAULT_DIR)]
+    sotu_dir: PathBuf,
+}
+
+/// Builds and writes each requested benchmark, printing its counts.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Action::Build(a) = args.action;
+    let all = ["quotes-tag", "mail-subject", "sotu-continue"];
+    for name in &a.only {
+        anyhow::ensure!(all.contains(&name.as_str()), "unknown benchmark {name:?} (known: {})", all.join(", "));
+    }
+    for name in all.iter().filter(|n| a.only.is_empty() || a.only.iter().any(|o| o == *n)) {
+        let built = match *name {
+            "quotes-tag" => quotes::build_from_dir(&a.fortunes_dir, a.seed)?,
+            "mail-subject" => mail::build_from_dir(&a.spam_dir, a.seed)?,
+            _ => sotu::build_from_dir(&a.sotu_dir, a.seed)?,
+        };
+        let dir = a.out.join(name);
+        bench::write(&dir, &built)?;
+        report(name, &dir, &built.manifest);
+    }
+    Ok(())
+}
+
+fn report(name: &str, dir: &Path, m: &bench::Manifest) {
+    let counts: Vec<String> = m.users.iter().map(|(s, u)| format!("{s} {u} users/{} questions", m.questions[s])).collect();
+    println!("{name}: {} -> {}", counts.join(", "), dir.display());
+}

