@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod eval;
 mod rouge;
 use std::process::ExitCode;
 
@@ -21,6 +22,8 @@ enum Command {
     Rouge(rouge::Args),
     /// Build the bundled benchmarks (quotes-tag, mail-subject, sotu-continue).
     Bench(bench::Args),
+    /// Evaluate a method on a benchmark split (one result JSON per temperature).
+    Eval(eval::Args),
 }
 
 /// Parses arguments, runs the subcommand, prints errors in one line.
@@ -33,6 +36,7 @@ pub fn main() -> ExitCode {
         }
         Command::Rouge(args) => rouge::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Eval(args) => eval::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

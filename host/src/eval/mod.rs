@@ -4,11 +4,19 @@
 //! - [`bench`]: the bundled benchmarks built from packaged real text;
 //! - [`lamp`], [`longlamp`]: readers (and the LaMP writer) for those formats;
 //! - [`metrics`]: accuracy, macro-F1, depth, breadth, McNemar, bootstrap;
+//! - [`method`]: the `Method` trait every compared method implements, decoding
+//!   settings and the temperature sweep; [`baselines`]: model-free methods;
+//! - [`harness`]: runs a method on a split; [`result`]: the result file and
+//!   method-vs-baseline comparison;
 //! - [`rouge`]: ROUGE-1/2/L identical to Python `rouge-score`.
+pub mod baselines;
 pub mod bench;
 pub mod dataset;
+pub mod harness;
 pub mod lamp;
 pub mod longlamp;
+pub mod method;
 pub mod metrics;
+pub mod result;
 pub mod rouge;
 pub mod task;
