@@ -13,11 +13,12 @@
 //! - [`software::SoftwareDma`]: a real engine that copies bytes, in queue
 //!   order, as it is polled or waited on (so reading a destination before its
 //!   descriptor completed shows stale bytes, as on hardware);
-//! - `udma_hexagon` (Hexagon builds only): `dmstart`/`dmlink`/`dmwait`.
+//! - `udma_hexagon` (Hexagon v68+ builds only): `dmstart`/`dmlink`/`dmwait`.
 //!   COMPILE-ONLY: qemu-hexagon 7.2 has no user DMA, so nothing here runs it.
 pub mod selftests;
 pub mod software;
-#[cfg(target_arch = "hexagon")]
+// User DMA instructions exist from v68 on: not in the v67 simulator build.
+#[cfg(all(target_arch = "hexagon", not(feature = "sim")))]
 pub mod udma_hexagon;
 
 /// Largest value of a 16-bit descriptor field.

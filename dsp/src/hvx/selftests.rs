@@ -65,7 +65,16 @@ fn portable_shuffles_follow_the_layouts() -> TestResult {
     Ok(())
 }
 
+/// Hexagon builds must really run the HVX shuffles (a missing target
+/// feature would silently select the portable code).
+fn hexagon_builds_use_hvx() -> TestResult {
+    let expected = if cfg!(target_arch = "hexagon") { "hvx" } else { "portable" };
+    check_eq!(super::IMPLEMENTATION, expected);
+    Ok(())
+}
+
 crate::selftests!(
+    hexagon_builds_use_hvx,
     transpose_matches_portable,
     weight_from_cols_matches_portable,
     weight_from_rows_matches_portable,
