@@ -1,0 +1,183 @@
+//! Benchmark (not a test): what the projection kernels cost on the
+//! projection shapes of Qwen3.5-4B, Qwen3-4B and Llama-3.2-3B.
+//!
+//! Part 1, the model: for every projection, direction and token bucket
+//! (128..4096) with 8 MiB of VTCM: VTCM bytes used, tokens resident per
+//! chunk, DMA bytes each way (W is read once per chunk, and a chunk holds
+//! as many tokens as VTCM allows), tile products, and modelled time at
+//! 4.65 TFLOPS of HMX FP16 and an assumed DDR bandwidth.
+//!
+//! Part 2, measured: throughput of the real kernels (software DMA and tile
+//! engines) on this machine.
+//!
+//! Run: `cargo run --release -p hexlora-dsp --example kernel_plan`
+//! (`-- --quick` skips part 2).
+use hexlora_dsp::kernels::testbed::{fp16_weight, q8_weight, Bench, Rng};
+use hexlora_dsp::kernels::{Direction, Plan, Precision, ResidentWeight};
+use hexlora_dsp::vtcm::DEFAULT_VTCM_BYTES;
+use std::time::Instant;
+
+/// HMX FP16 throughput measured on Snapdragon 8 Elite (mission, "P1").
+const HMX_TFLOPS: f64 = 4.65;
+/// Assumed DDR bandwidth available to the NPU's DMA (LPDDR5X phones peak
+/// near 77-85 GB/s; we take a conservative sustained figure).
+const DDR_GBPS: f64 = 60.0;
+const BUCKETS: [usize; 6] = [128, 256, 512, 1024, 2048, 4096];
+
+struct Proj {
+    name: &'static str,
+    rows: usize,
+    cols: usize,
+    precision: Precision,
+}
+
+const fn p(name: &'static str, rows: usize, cols: usize, precision: Precision) -> Proj {
+    Proj { name, rows, cols, precision }
+}
+
+use Precision::{Fp16, Q8_0};
+
+/// Per-layer projections, `W (rows = out, cols = in)`. Precision policy from
+/// the mission: recurrent (Gated DeltaNet) FP16, attention and MLP Q8_0.
+fn models() -> Vec<(&'static str, Vec<Proj>)> {
+    vec![
+        (
+            // hidden 2560, MLP 9216; gated attention 16 q heads x 256 (q_proj
+            // emits query and gate), 4 kv heads; GDN 16 key / 32 value heads
+            // x 128. Taken from the Qwen3.5 config defaults: check against the
+            // model's config.json before relying on them.
+            "Qwen3.5-4B",
+            vec![
+                p("attn.q_proj(+gate)", 8192, 2560, Q8_0),
+                p("attn.k_proj", 1024, 2560, Q8_0),
+                p("attn.v_proj", 1024, 2560, Q8_0),
+                p("attn.o_proj", 2560, 4096, Q8_0),
+                p("gdn.in_proj_qkv", 8192, 2560, Fp16),
+                p("gdn.in_proj_z", 4096, 2560, Fp16),
+                p("gdn.in_proj_b", 32, 2560, Fp16),
+                p("gdn.in_proj_a", 32, 2560, Fp16),
+                p("gdn.out_proj", 2560, 4096, Fp16),
+                p("mlp.gate_proj", 9216, 2560, Q8_0),
+                p("mlp.up_proj", 9216, 2560, Q8_0),
+                p("mlp.down_proj", 2560, 9216, Q8_0),
+            ],
+        ),
+        (
+            "Qwen3-4B",
+            vec![
+                p("attn.q_proj", 4096, 2560, Q8_0),
+                p("attn.k_proj", 1024, 2560, Q8_0),
+                p("attn.v_proj", 1024, 2560, Q8_0),
+                p("attn.o_proj", 2560, 4096, Q8_0),
+                p("mlp.gate_proj", 9728, 2560, Q8_0),
+                p("mlp.up_proj", 9728, 2560, Q8_0),
+                p("mlp.down_proj", 2560, 9728, Q8_0),
+            ],
+        ),
+        (
+            "Llama-3.2-3B",
+            vec![
+                p("attn.q_proj", 3072, 3072, Q8_0),
+                p("attn.k_proj", 1024, 3072, Q8_0),
+                p("attn.v_proj", 1024, 3072, Q8_0),
+                p("attn.o_proj", 3072, 3072, Q8_0),
+                p("mlp.gate_proj", 8192, 3072, Q8_0),
+                p("mlp.up_proj", 8192, 3072, Q8_0),
+                p("mlp.down_proj", 3072, 8192, Q8_0),
+            ],
+        ),
+    ]
+}
+
+fn mib(b: usize) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+fn plan_table() {
+    println!("# Part 1: modelled cost, VTCM {} MiB, HMX {HMX_TFLOPS} TFLOPS FP16, DDR {DDR_GBPS} GB/s (assumed)", DEFAULT_VTCM_BYTES >> 20);
+    println!("# W is streamed once per chunk; `W reads` = chunks. time = max(compute, dma) (double-buffered).");
+    println!(
+        "{:<13} {:<19} {:<4} {:<4} {:>5} {:>9} {:>6} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "model", "projection", "prec", "dir", "T", "VTCM_KiB", "chunk", "W_reads", "DMA_in_MiB", "DMA_out_MiB", "tiles", "hmx_ms", "dma_ms", "model_ms"
+    );
+    for (model, projs) in models() {
+        let mut totals = vec![(0.0f64, 0.0f64); BUCKETS.len()];
+        for proj in &projs {
+            for (bi, &t) in BUCKETS.iter().enumerate() {
+                for dir in [Direction::Forward, Direction::InputGrad] {
+                    let plan = match Plan::new(proj.precision, dir, proj.rows, proj.cols, t, DEFAULT_VTCM_BYTES) {
+                        Ok(plan) => plan,
+                        Err(e) => {
+                            println!("{model:<13} {:<19} {t:>5} {dir:?}: {e:?}", proj.name);
+                            continue;
+                        }
+                    };
+                    let (hmx, dma) = plan.modelled_seconds(HMX_TFLOPS, DDR_GBPS);
+                    let time = hmx.max(dma);
+                    totals[bi].0 += time;
+                    totals[bi].1 += plan.flops();
+                    println!(
+                        "{model:<13} {:<19} {:<4} {:<4} {t:>5} {:>9.0} {:>6} {:>7} {:>10.2} {:>10.2} {:>9} {:>9.3} {:>9.3} {:>9.3}",
+                        proj.name,
+                        if proj.precision == Fp16 { "fp16" } else { "q8_0" },
+                        if dir == Direction::Forward { "fwd" } else { "igrad" },
+                        plan.vtcm_bytes() as f64 / 1024.0,
+                        plan.chunk_tokens,
+                        plan.chunks,
+                        mib(plan.dma_in_bytes()),
+                        mib(plan.dma_out_bytes()),
+                        plan.tile_products(),
+                        hmx * 1e3,
+                        dma * 1e3,
+                        time * 1e3,
+                    );
+                }
+            }
+        }
+        for (bi, &t) in BUCKETS.iter().enumerate() {
+            let (time, flops) = totals[bi];
+            println!(
+                "# {model}: one layer, all projections, fwd + input-grad, T={t}: {:.2} ms modelled, {:.2} effective TFLOPS",
+                time * 1e3,
+                flops / time / 1e12
+            );
+        }
+    }
+}
+
+fn measure() {
+    println!("\n# Part 2: measured on this machine (software DMA + software tile engine, one core)");
+    println!("{:<26} {:<4} {:<5} {:>5} {:>9} {:>10} {:>9}", "shape (rows x cols)", "prec", "dir", "T", "seconds", "GFLOP/s", "retried");
+    let (rows, cols, t) = (4096, 2560, 128); // Qwen3-4B q_proj
+    let mut rng = Rng(1);
+    let w16 = fp16_weight(&mut rng, rows, cols, 0.05);
+    let wq = q8_weight(&mut rng, rows, cols, 0.05);
+    let mut bench = Bench::new(DEFAULT_VTCM_BYTES);
+    for (name, w) in [
+        ("fp16", ResidentWeight::fp16(&w16, rows, cols).unwrap()),
+        ("q8_0", ResidentWeight::q8_0(&wq, rows, cols).unwrap()),
+    ] {
+        for dir in [Direction::Forward, Direction::InputGrad] {
+            let d = if dir == Direction::Forward { cols } else { rows };
+            let x = Rng(2).vec(t * d, 1.0);
+            let start = Instant::now();
+            let (_, stats) = bench.run(&w, dir, t, &x).unwrap();
+            let secs = start.elapsed().as_secs_f64();
+            let flops = 2.0 * (t * rows * cols) as f64;
+            println!(
+                "{:<26} {name:<4} {:<5} {t:>5} {secs:>9.3} {:>10.2} {:>9}",
+                format!("Qwen3-4B q_proj {rows}x{cols}"),
+                if dir == Direction::Forward { "fwd" } else { "igrad" },
+                flops / secs / 1e9,
+                stats.rows_retried
+            );
+        }
+    }
+}
+
+fn main() {
+    plan_table();
+    if !std::env::args().any(|a| a == "--quick") {
+        measure();
+    }
+}
