@@ -36,6 +36,11 @@ use hexlora_proto::protocol::{
 /// Resident projections at most.
 pub const MAX_PROJECTIONS: usize = 512;
 
+/// VTCM a session reserves: the generation's 8 MiB, except in the simulator
+/// build, whose whole firmware heap is 8 MiB (the VTCM stand-in comes from
+/// the heap, see [`crate::vtcm`]).
+pub const SESSION_VTCM_BYTES: usize = if cfg!(feature = "sim") { 2 << 20 } else { DEFAULT_VTCM_BYTES };
+
 /// Largest `tokens` one op may carry (the kernels chunk internally; this
 /// bounds the host's buffers, not VTCM).
 pub const MAX_TOKENS: u32 = 1 << 16;
@@ -191,7 +196,7 @@ pub fn kernel_error(e: KernelError) -> ServiceError {
 
 impl crate::skel::Service for ProjectionService {
     fn open(_uri: &[u8]) -> Result<Self, i32> {
-        ProjectionService::new(DEFAULT_VTCM_BYTES).ok_or(crate::skel::abi::AEE_ENOMEMORY)
+        ProjectionService::new(SESSION_VTCM_BYTES).ok_or(crate::skel::abi::AEE_ENOMEMORY)
     }
 
     fn handle(&mut self, request: &Request, buffers: &mut SharedBuffers<'_>) -> Response {

@@ -182,7 +182,17 @@ fn unsupported_ops_answer_no_support_or_vtcm() -> TestResult {
     Ok(())
 }
 
+/// A session opened the way the skel opens it gets its VTCM.
+fn skel_open_reserves_session_vtcm() -> TestResult {
+    use crate::skel::Service;
+    let svc = ProjectionService::open(b"file:///libhexlora_skel.so?hexlora_skel_handle_invoke&_modver=1.0");
+    check!(svc.is_ok());
+    check_eq!(svc.map(|s| s.capabilities().vtcm_bytes as usize).unwrap_or(0), super::SESSION_VTCM_BYTES);
+    Ok(())
+}
+
 crate::selftests!(
+    skel_open_reserves_session_vtcm,
     load_and_project_both_directions,
     capabilities_describe_this_build,
     bad_requests_get_error_responses,
