@@ -1,6 +1,7 @@
 //! Activations in and results out: per-row power-of-two scaling to FP16
 //! tiles, and exact unscaling of the f32 results.
-use super::pass::{tile_at, Op};
+use super::pass::Op;
+use super::tile_mut as tile_at;
 use super::KernelError;
 use crate::dma::{push_copy, Copy2d, Ticket};
 use crate::hvx;

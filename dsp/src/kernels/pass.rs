@@ -1,7 +1,7 @@
 //! One pass of an op over a list of token rows: stage a chunk of rows, stream
 //! every stripe of W past it, write the outputs; repeat per chunk.
 use super::activations;
-use super::{forward, input_grad, tile_mut, tile_ref, Direction, Engines, KernelError, Plan, Precision, ResidentWeight, RunStats};
+use super::{forward, input_grad, tile_ref, Direction, Engines, KernelError, Plan, Precision, ResidentWeight, RunStats};
 use crate::dma::{DmaEngine, Ticket};
 use crate::hvx::TILE_ELEMS;
 use crate::tile::{AccTile, TileEngine};
@@ -170,9 +170,4 @@ fn flag_overflow(acc: &AccTile, swapped: bool, flags: &mut [u8]) {
             }
         }
     }
-}
-
-/// Mutable tile `i` of `buf` (re-exported for the direction modules).
-pub(super) fn tile_at(buf: &mut [f16], i: usize) -> &mut crate::hvx::Tile {
-    tile_mut(buf, i)
 }
