@@ -30,8 +30,8 @@ impl Projection for DenseProjection {
         self.info.check_io(dir, input, tokens, out)?;
         let (o, i) = (self.info.out_features, self.info.in_features);
         match dir {
-            Direction::Forward => super::matmul::matmul_bt(out, input, &self.w, (tokens, i, o), 1.0, false),
-            Direction::InputGrad => super::matmul::matmul(out, input, &self.w, (tokens, o, i), 1.0, false),
+            Direction::Forward => crate::ops::matmul::matmul_bt(out, input, &self.w, (tokens, i, o), 1.0, false),
+            Direction::InputGrad => crate::ops::matmul::matmul(out, input, &self.w, (tokens, o, i), 1.0, false),
         }
         Ok(())
     }

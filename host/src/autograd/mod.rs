@@ -4,11 +4,9 @@
 //! - [`tape`]: the append-only arena of values and nodes;
 //! - [`nodes`]: the one list of node kinds, their builders and backwards;
 //! - `backward.rs`: the one reverse walk;
-//! - [`matmul`]: dense f32 products for trainable tensors;
 //! - [`counter_rng`]: seed-addressed random numbers (dropout, MeZO).
 mod backward;
 pub mod counter_rng;
-pub mod matmul;
 pub mod nodes;
 pub mod tape;
 

@@ -3,7 +3,7 @@
 //! scaling`). The forward saves `xa = drop(X) A^T` (`[T, r]`, tiny); the
 //! dropout mask is regenerated from its seed, never stored.
 use crate::autograd::counter_rng;
-use crate::autograd::matmul::{matmul, matmul_at, matmul_bt};
+use crate::ops::matmul::{matmul, matmul_at, matmul_bt};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 

@@ -8,6 +8,7 @@
 //!
 //! The forward saves the log-sum-exp of each softmax row (`lse`), which is
 //! all a flash-style backward needs to rebuild the probabilities.
+use crate::ops::matmul::{matmul, matmul_at, matmul_bt};
 use rayon::prelude::*;
 
 /// Sizes of one attention call.
@@ -93,10 +94,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// Backward of [`attention_forward`], flash style: the probabilities are
-/// rebuilt from `lse`, never stored. With `p = softmax(s)`, `dp = dout v^T`,
+/// Backward of [`attention_forward`]: the probabilities are rebuilt from
+/// `lse`, never stored. Per head, with `p = softmax(s)`, `dp = dout v^T`,
 /// `D = rowsum(dout * out)`: `ds = p (dp - D)`, `dq = scale ds k`,
-/// `dk = scale ds^T q`, `dv = p^T dout`.
+/// `dk = scale ds^T q`, `dv = p^T dout`, each product one GEMM over the
+/// head's `[q_len, kv_len]` score block.
 ///
 /// `dq`, `q`, `out`, `dout`: `[q_len, n_head, head_dim]`; `dk`, `dv`, `k`, `v`:
 /// `[kv_len, n_kv_head, head_dim]` (overwritten); `lse`: `[q_len, n_head]`.
@@ -119,40 +121,46 @@ pub fn attention_backward(
     assert!(dq.len() == q.len() && dout.len() == q.len() && out.len() == q.len(), "attention_backward q lengths");
     assert!(dk.len() == k.len() && dv.len() == v.len() && k.len() == kv_len * n_kv_head * hd, "attention_backward kv lengths");
     let group = n_head / n_kv_head;
-    let per_kv: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..n_kv_head)
+    // Rows `[len, hd]` of head `h` out of `[len, heads, hd]`.
+    let head_rows = |x: &[f32], len: usize, heads: usize, h: usize| -> Vec<f32> {
+        (0..len).flat_map(|t| x[(t * heads + h) * hd..][..hd].iter().copied()).collect()
+    };
+    let per_kv: Vec<(Vec<Vec<f32>>, Vec<f32>, Vec<f32>)> = (0..n_kv_head)
         .into_par_iter()
         .map(|kvh| {
-            let mut dq_g = vec![0.0f32; q_len * group * hd];
+            let (k_h, v_h) = (head_rows(k, kv_len, n_kv_head, kvh), head_rows(v, kv_len, n_kv_head, kvh));
             let mut dk_h = vec![0.0f32; kv_len * hd];
             let mut dv_h = vec![0.0f32; kv_len * hd];
-            for t in 0..q_len {
-                for g in 0..group {
-                    let h = kvh * group + g;
-                    let at = (t * n_head + h) * hd;
-                    let (q_th, do_th) = (&q[at..at + hd], &dout[at..at + hd]);
-                    let big_d = dot(do_th, &out[at..at + hd]);
-                    let l = lse[t * n_head + h];
-                    let dq_th = &mut dq_g[(t * group + g) * hd..][..hd];
-                    for j in 0..d.visible(t) {
-                        let kj = (j * n_kv_head + kvh) * hd;
-                        let (k_j, v_j) = (&k[kj..kj + hd], &v[kj..kj + hd]);
-                        let p = (scale * dot(q_th, k_j) - l).exp();
-                        let ds = p * (dot(do_th, v_j) - big_d) * scale;
-                        for i in 0..hd {
-                            dq_th[i] += ds * k_j[i];
-                            dk_h[j * hd + i] += ds * q_th[i];
-                            dv_h[j * hd + i] += p * do_th[i];
-                        }
+            let mut p = vec![0.0f32; q_len * kv_len];
+            let mut ds = vec![0.0f32; q_len * kv_len];
+            let mut dqs = Vec::with_capacity(group);
+            for h in kvh * group..(kvh + 1) * group {
+                let (q_h, do_h, o_h) = (head_rows(q, q_len, n_head, h), head_rows(dout, q_len, n_head, h), head_rows(out, q_len, n_head, h));
+                matmul_bt(&mut p, &q_h, &k_h, (q_len, hd, kv_len), scale, false);
+                matmul_bt(&mut ds, &do_h, &v_h, (q_len, hd, kv_len), 1.0, false);
+                for t in 0..q_len {
+                    let (l, seen) = (lse[t * n_head + h], d.visible(t));
+                    let big_d = dot(&do_h[t * hd..][..hd], &o_h[t * hd..][..hd]);
+                    let (p_t, ds_t) = (&mut p[t * kv_len..][..kv_len], &mut ds[t * kv_len..][..kv_len]);
+                    for j in 0..kv_len {
+                        p_t[j] = if j < seen { (p_t[j] - l).exp() } else { 0.0 };
+                        ds_t[j] = p_t[j] * (ds_t[j] - big_d) * scale;
                     }
                 }
+                let mut dq_h = vec![0.0f32; q_len * hd];
+                matmul(&mut dq_h, &ds, &k_h, (q_len, kv_len, hd), 1.0, false);
+                matmul_at(&mut dk_h, &ds, &q_h, (kv_len, q_len, hd), 1.0, true);
+                matmul_at(&mut dv_h, &p, &do_h, (kv_len, q_len, hd), 1.0, true);
+                dqs.push(dq_h);
             }
-            (dq_g, dk_h, dv_h)
+            (dqs, dk_h, dv_h)
         })
         .collect();
-    for (kvh, (dq_g, dk_h, dv_h)) in per_kv.iter().enumerate() {
-        for t in 0..q_len {
-            let at = (t * n_head + kvh * group) * hd;
-            dq[at..at + group * hd].copy_from_slice(&dq_g[t * group * hd..][..group * hd]);
+    for (kvh, (dqs, dk_h, dv_h)) in per_kv.iter().enumerate() {
+        for (g, dq_h) in dqs.iter().enumerate() {
+            for t in 0..q_len {
+                dq[(t * n_head + kvh * group + g) * hd..][..hd].copy_from_slice(&dq_h[t * hd..][..hd]);
+            }
         }
         for j in 0..kv_len {
             let at = (j * n_kv_head + kvh) * hd;

@@ -95,6 +95,22 @@ impl DecoderGraph {
         Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq }), embed, final_norm, head })
     }
 
+    /// Opens a GGUF file or a Hugging Face directory (CPU projections).
+    pub fn open(path: &std::path::Path) -> Result<Self> {
+        use crate::model::{gguf::Gguf, hf_dir::HfDir};
+        if path.is_dir() {
+            let dir = HfDir::open(path)?;
+            let cfg = ModelConfig::from_hf_json(dir.config())?;
+            Self::load(&dir, cfg)
+        } else if path.extension().is_some_and(|e| e == "gguf") {
+            let g = Gguf::open(path)?;
+            let cfg = ModelConfig::from_gguf(&g)?;
+            Self::load(&g, cfg)
+        } else {
+            Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
+        }
+    }
+
     /// The model configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.shared.cfg

@@ -8,3 +8,5 @@ pub mod graph;
 pub mod metrics;
 pub mod decoder_graph;
 pub mod grad;
+pub mod data;
+pub mod trainer;

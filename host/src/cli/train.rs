@@ -1,0 +1,103 @@
+//! `hexlora train`: LoRA fine-tuning from JSONL into a PEFT adapter, with
+//! commits after every optimizer step and `--resume`.
+use crate::lora::LoraConfig;
+use crate::optim::adamw::AdamWConfig;
+use crate::optim::schedule::{Decay, Schedule};
+use crate::train::data::load_jsonl;
+use crate::train::decoder_graph::DecoderGraph;
+use crate::train::trainer::{train, RunOptions, TrainConfig};
+use std::path::PathBuf;
+
+/// Arguments of `hexlora train`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF file or Hugging Face model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// JSONL: {"prompt","completion"}, {"messages"} or {"input_ids","labels"}.
+    #[arg(long)]
+    data: PathBuf,
+    /// Run directory: commit.safetensors, metrics.jsonl, loss.svg, adapter/.
+    #[arg(long)]
+    out: PathBuf,
+    /// Continue the run committed in --out.
+    #[arg(long)]
+    resume: bool,
+    /// Optimizer steps (default: one epoch).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Examples per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-4)]
+    lr: f32,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
+    /// Decay after warm-up.
+    #[arg(long, value_enum, default_value_t = Decay::Cosine)]
+    schedule: Decay,
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f32,
+    /// Clip the gradient norm (0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    max_grad_norm: f32,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 16)]
+    rank: usize,
+    /// LoRA alpha.
+    #[arg(long, default_value_t = 32.0)]
+    alpha: f32,
+    /// LoRA dropout.
+    #[arg(long, default_value_t = 0.05)]
+    dropout: f32,
+    /// Comma-separated target modules.
+    #[arg(long, default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
+    targets: String,
+    /// Truncate examples to this many tokens.
+    #[arg(long, default_value_t = 512)]
+    max_len: usize,
+    /// Seed (data order, init, dropout).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Activation memory cap in MiB (also bounded by MemAvailable).
+    #[arg(long)]
+    activation_cap_mb: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Runs `hexlora train`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let model = DecoderGraph::open(&args.model)?;
+    let (data, skipped) = load_jsonl(&args.data, None, args.max_len)?;
+    if skipped > 0 {
+        eprintln!("skipped {skipped} examples with no completion tokens left after truncation");
+    }
+    let steps = args.steps.unwrap_or((data.len() / args.grad_accum.max(1)).max(1) as u64);
+    let config = TrainConfig {
+        lora: LoraConfig {
+            r: args.rank,
+            alpha: args.alpha,
+            target_modules: args.targets.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            dropout: args.dropout,
+            use_rslora: false,
+            base_model: args.model.display().to_string(),
+        },
+        adamw: AdamWConfig { weight_decay: args.weight_decay, ..Default::default() },
+        schedule: Schedule { lr: args.lr, warmup: args.warmup, total: steps, decay: args.schedule },
+        grad_accum: args.grad_accum,
+        max_grad_norm: (args.max_grad_norm > 0.0).then_some(args.max_grad_norm),
+        seed: args.seed,
+        activation_cap: args.activation_cap_mb.map(|m| m << 20),
+        head_chunk: 64,
+    };
+    let run = RunOptions { resume: args.resume, progress: !args.quiet, stop_after: None, on_step: None };
+    let state = train(&model, &data, &config, &args.out, run)?;
+    let last = state.history.last().map_or(f32::NAN, |r| r.loss);
+    println!("trained {} steps, last loss {last:.4}; adapter in {}", state.step(), args.out.join("adapter").display());
+    Ok(())
+}

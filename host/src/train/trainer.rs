@@ -1,0 +1,180 @@
+//! The training loop: micro-batches accumulated into optimizer steps, AdamW
+//! with warm-up + decay and clipping, a commit after every step, progress
+//! and metrics. Everything that influences the numbers (data order, dropout
+//! masks) derives from the seed and the step, so a resumed run continues
+//! exactly where the killed one committed.
+use super::budget;
+use super::commit::{StepRecord, TrainState};
+use super::decoder_graph::lora_params;
+use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use super::metrics::{loss_svg, write_metrics};
+use crate::autograd::{counter_rng, Tape};
+use crate::lora::{Adapter, LoraConfig};
+use crate::optim::adamw::{AdamW, AdamWConfig};
+use crate::optim::schedule::{clip_grad_norm, Schedule};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+use std::path::Path;
+use std::time::Instant;
+
+/// Everything that defines a run.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Adapter hyper-parameters.
+    pub lora: LoraConfig,
+    /// Optimizer.
+    pub adamw: AdamWConfig,
+    /// Learning-rate schedule; `total` is the number of optimizer steps.
+    pub schedule: Schedule,
+    /// Micro-batches (examples) per optimizer step.
+    pub grad_accum: usize,
+    /// Clip the global gradient norm to this.
+    pub max_grad_norm: Option<f32>,
+    /// Data order, adapter init and dropout.
+    pub seed: u64,
+    /// Activation memory cap in bytes (the budget also respects MemAvailable).
+    pub activation_cap: Option<u64>,
+    /// Token rows per vocabulary-head chunk.
+    pub head_chunk: usize,
+}
+
+/// FNV-1a over the configuration and data, so `--resume` refuses to
+/// continue a run with different inputs.
+pub fn fingerprint(config: &TrainConfig, data: &[Batch]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| bytes.iter().for_each(|&b| h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    eat(format!("{config:?}").as_bytes());
+    for b in data {
+        b.input_ids.iter().flatten().for_each(|t| eat(&t.to_le_bytes()));
+        b.labels.iter().flatten().for_each(|t| eat(&t.to_le_bytes()));
+    }
+    format!("{h:016x}")
+}
+
+/// Index of the `cursor`-th example in the seeded stream (a fresh
+/// permutation every epoch).
+pub fn example_index(seed: u64, cursor: u64, n: usize) -> usize {
+    let (epoch, i) = (cursor / n as u64, (cursor % n as u64) as usize);
+    let s = counter_rng::derive(seed, epoch);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&j| (counter_rng::bits(s, j as u64), j));
+    order[i]
+}
+
+fn fresh_state(model: &dyn TrainableModel, config: &TrainConfig, fp: String) -> Result<TrainState> {
+    let adapter = Adapter::init(config.lora.clone(), &model.projections(), counter_rng::derive(config.seed, u64::MAX))?;
+    let params: Vec<Tensor> = adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+    Ok(TrainState { adamw: AdamW::new(config.adamw, &params), adapter, cursor: 0, seed: config.seed, history: Vec::new(), fingerprint: fp })
+}
+
+/// Options a caller passes to [`train`] besides the configuration.
+pub struct RunOptions<'a> {
+    /// Continue from the commit in the output directory.
+    pub resume: bool,
+    /// Show an indicatif progress bar.
+    pub progress: bool,
+    /// Stop after this many optimizer steps in this invocation (tests).
+    pub stop_after: Option<u64>,
+    /// Called after every committed step.
+    pub on_step: Option<&'a mut dyn FnMut(&StepRecord)>,
+}
+
+/// Runs (or resumes) training into `out`: `commit.safetensors` after every
+/// step, `metrics.jsonl`, and at the end `adapter/` (PEFT) and `loss.svg`.
+pub fn train(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, out: &Path, mut run: RunOptions<'_>) -> Result<TrainState> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let fp = fingerprint(config, data);
+    let mut state = match TrainState::load(out)? {
+        Some(s) if run.resume => {
+            if s.fingerprint != fp {
+                return Err(Error::invalid("--resume", "the commit was made with a different configuration or data"));
+            }
+            s
+        }
+        Some(_) => return Err(Error::invalid(out.display().to_string(), "holds a run's commit; pass --resume to continue it or choose another --out")),
+        None => fresh_state(model, config, fp)?,
+    };
+    let tokens_per_step = data.iter().map(|b| b.input_ids[0].len()).max().unwrap_or(0) as u64;
+    let per_layer = (model.activation_bytes_per_token_layer() as u64) * tokens_per_step;
+    let opts = GraphOptions {
+        recompute_layers: budget::plan_recompute(model.layer_count(), per_layer, budget::budget(config.activation_cap)),
+        head_chunk: config.head_chunk,
+        loss_denominator: None,
+    };
+    let total = config.schedule.total;
+    let bar = run.progress.then(|| progress_bar(total, state.step()));
+    let mut done_here = 0;
+    while state.step() < total && run.stop_after.is_none_or(|n| done_here < n) {
+        let record = step(model, data, config, &opts, &mut state)?;
+        state.history.push(record.clone());
+        state.commit(out)?;
+        write_metrics(out, &state.history)?;
+        if let Some(bar) = &bar {
+            bar.set_position(state.step());
+            bar.set_message(format!("loss {:.4}  {:.0} tok/s", record.loss, record.tokens as f64 / record.seconds.max(1e-9)));
+        }
+        if let Some(f) = run.on_step.as_deref_mut() {
+            f(&record);
+        }
+        done_here += 1;
+    }
+    if state.step() >= total {
+        state.adapter.save(&out.join("adapter"))?;
+        let losses: Vec<f32> = state.history.iter().map(|r| r.loss).collect();
+        super::atomic_write::write_atomic(&out.join("loss.svg"), loss_svg("training loss", &losses).as_bytes())?;
+    }
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    Ok(state)
+}
+
+fn progress_bar(total: u64, pos: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    let style = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len}  {msg}").expect("static template");
+    bar.set_style(style.progress_chars("=> "));
+    bar.set_position(pos);
+    bar
+}
+
+/// One optimizer step: `grad_accum` micro-batches, clip, AdamW.
+fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: &GraphOptions, state: &mut TrainState) -> Result<StepRecord> {
+    let start = Instant::now();
+    let accum = config.grad_accum.max(1);
+    let picks: Vec<&Batch> = (0..accum as u64).map(|j| &data[example_index(state.seed, state.cursor + j, data.len())]).collect();
+    let denom = picks.iter().map(|b| b.target_count()).sum::<usize>().max(1) as f32;
+    let opts = GraphOptions { loss_denominator: Some(denom), ..opts.clone() };
+    let mut grads: Vec<Tensor> = state.adapter.modules.iter().flat_map(|m| [Tensor::zeros(&m.a.shape), Tensor::zeros(&m.b.shape)]).collect();
+    let (mut loss, mut tokens) = (0f32, 0u64);
+    for (j, batch) in picks.iter().enumerate() {
+        let mut tape = Tape::new();
+        let (factors, order) = lora_params(&mut tape, &state.adapter.modules);
+        let dropout_seed = counter_rng::derive(state.seed, state.cursor + j as u64);
+        let lora = LoraVars { factors, scaling: config.lora.scaling(), dropout: config.lora.dropout, dropout_seed };
+        let l = model.loss(&mut tape, batch, &lora, &opts, None)?;
+        tape.backward(l)?;
+        loss += tape.value(l).data[0];
+        tokens += batch.input_ids.iter().map(|r| r.len() as u64).sum::<u64>();
+        for (g, v) in grads.iter_mut().zip(order.iter().flat_map(|&(a, b)| [a, b])) {
+            if let Some(d) = tape.grad(v) {
+                g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d);
+            }
+        }
+    }
+    if !loss.is_finite() || grads.iter().any(|g| g.data.iter().any(|v| !v.is_finite())) {
+        return Err(Error::NonFinite(format!("loss or gradients at step {}", state.step() + 1)));
+    }
+    let grad_norm = match config.max_grad_norm {
+        Some(max) => clip_grad_norm(&mut grads, max),
+        None => clip_grad_norm(&mut grads, f32::INFINITY),
+    };
+    let lr = config.schedule.lr_at(state.step());
+    let mut params: Vec<Tensor> = state.adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+    state.adamw.update(&mut params, &grads, lr)?;
+    for (m, pair) in state.adapter.modules.iter_mut().zip(params.chunks_exact_mut(2)) {
+        m.a = std::mem::replace(&mut pair[0], Tensor::zeros(&[0]));
+        m.b = std::mem::replace(&mut pair[1], Tensor::zeros(&[0]));
+    }
+    state.cursor += accum as u64;
+    Ok(StepRecord { step: state.step(), loss, lr, grad_norm, tokens, seconds: start.elapsed().as_secs_f64() })
+}

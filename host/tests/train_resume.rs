@@ -1,0 +1,135 @@
+//! The training loop on the tiny Llama fixture: determinism, in-process
+//! stop + resume, `kill -9` of `hexlora train` at random points + resume,
+//! all bit-identical to one uninterrupted run; and the loss goes down.
+use hexlora::lora::LoraConfig;
+use hexlora::optim::adamw::AdamWConfig;
+use hexlora::optim::schedule::{Decay, Schedule};
+use hexlora::train::commit::TrainState;
+use hexlora::train::decoder_graph::DecoderGraph;
+use hexlora::train::graph::Batch;
+use hexlora::train::trainer::{train, RunOptions, TrainConfig};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama/model")
+}
+
+/// Token examples with a repeated pattern (learnable), prompt part ignored.
+fn data() -> Vec<Batch> {
+    (0..6u32)
+        .map(|i| {
+            let ids: Vec<u32> = (0..16).map(|t| (i * 7 + t * 3) % 128).collect();
+            let labels = ids.iter().enumerate().map(|(t, &x)| if t < 4 { -100 } else { x as i64 }).collect();
+            Batch { input_ids: vec![ids], labels: vec![labels] }
+        })
+        .collect()
+}
+
+fn config(steps: u64) -> TrainConfig {
+    TrainConfig {
+        lora: LoraConfig { r: 4, alpha: 8.0, target_modules: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()], dropout: 0.1, use_rslora: false, base_model: String::new() },
+        adamw: AdamWConfig { weight_decay: 0.01, ..Default::default() },
+        schedule: Schedule { lr: 3e-2, warmup: 2, total: steps, decay: Decay::Cosine },
+        grad_accum: 2,
+        max_grad_norm: Some(1.0),
+        seed: 11,
+        activation_cap: None,
+        head_chunk: 8,
+    }
+}
+
+fn quiet() -> RunOptions<'static> {
+    RunOptions { resume: false, progress: false, stop_after: None, on_step: None }
+}
+
+fn assert_same(a: &TrainState, b: &TrainState) {
+    let losses = |s: &TrainState| s.history.iter().map(|r| r.loss.to_bits()).collect::<Vec<_>>();
+    assert_eq!(losses(a), losses(b));
+    assert_eq!(a.adapter, b.adapter);
+    assert_eq!(a.adamw.m, b.adamw.m);
+    assert_eq!(a.adamw.v, b.adamw.v);
+    assert_eq!(a.cursor, b.cursor);
+}
+
+#[test]
+fn runs_are_deterministic_resumable_and_learn() {
+    let model = DecoderGraph::open(&model_dir()).unwrap();
+    let (d1, d2, d3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = train(&model, &data(), &config(12), d1.path(), quiet()).unwrap();
+    let b = train(&model, &data(), &config(12), d2.path(), quiet()).unwrap();
+    assert_same(&a, &b);
+    let first = train(&model, &data(), &config(12), d3.path(), RunOptions { stop_after: Some(5), ..quiet() }).unwrap();
+    assert_eq!(first.step(), 5);
+    assert!(train(&model, &data(), &config(12), d3.path(), quiet()).is_err(), "an existing commit needs --resume");
+    let c = train(&model, &data(), &config(12), d3.path(), RunOptions { resume: true, ..quiet() }).unwrap();
+    assert_same(&a, &c);
+    let losses: Vec<f32> = a.history.iter().map(|r| r.loss).collect();
+    let (head, tail) = (losses[..3].iter().sum::<f32>(), losses[9..].iter().sum::<f32>());
+    assert!(tail < 0.85 * head, "loss did not go down: {losses:?}");
+    for f in ["adapter/adapter_config.json", "adapter/adapter_model.safetensors", "loss.svg", "metrics.jsonl"] {
+        assert!(d1.path().join(f).exists(), "{f}");
+    }
+    let mut other = config(12);
+    other.seed = 12;
+    let err = train(&model, &data(), &other, d3.path(), RunOptions { resume: true, ..quiet() }).unwrap_err();
+    assert!(err.to_string().contains("different configuration"), "{err}");
+}
+
+fn write_jsonl(path: &Path) {
+    let lines: Vec<String> = data()
+        .iter()
+        .map(|b| serde_json::json!({"input_ids": b.input_ids[0], "labels": b.labels[0]}).to_string())
+        .collect();
+    std::fs::write(path, lines.join("\n")).unwrap();
+}
+
+fn cli(data: &Path, out: &Path, resume: bool) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hexlora"));
+    c.args(["train", "--quiet", "--steps", "10", "--rank", "4", "--alpha", "8", "--lr", "5e-3", "--seed", "3", "--targets", "q_proj,v_proj,down_proj"]);
+    c.arg("--model").arg(model_dir()).arg("--data").arg(data).arg("--out").arg(out);
+    if resume {
+        c.arg("--resume");
+    }
+    c
+}
+
+#[test]
+fn kill_9_at_random_points_then_resume_is_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_jsonl(&data);
+    let (whole, killed) = (dir.path().join("whole"), dir.path().join("killed"));
+    assert!(cli(&data, &whole, false).status().unwrap().success());
+    let mut kills = 0;
+    let mut resume = false;
+    for round in 0..40u64 {
+        let mut child = cli(&data, &killed, resume).stdout(std::process::Stdio::null()).spawn().unwrap();
+        // Pseudo-random delays (deterministic per round) land the kill at
+        // different points: mid-step, mid-commit, before the first commit.
+        let delay = 20 + (round * 7919 % 13) * 17;
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        match child.try_wait().unwrap() {
+            Some(status) => {
+                assert!(status.success());
+                break;
+            }
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+        resume = killed.join("commit.safetensors").exists();
+    }
+    // Finish whatever is left.
+    let done = TrainState::load(&killed).unwrap().is_some_and(|s| s.step() == 10);
+    if !done {
+        assert!(cli(&data, &killed, resume).status().unwrap().success());
+    }
+    assert!(kills >= 3, "only {kills} kills landed; the test did not exercise resume");
+    let (a, b) = (TrainState::load(&whole).unwrap().unwrap(), TrainState::load(&killed).unwrap().unwrap());
+    assert_same(&a, &b);
+    let bytes = |d: &Path| std::fs::read(d.join("adapter/adapter_model.safetensors")).unwrap();
+    assert_eq!(bytes(&whole), bytes(&killed));
+}
