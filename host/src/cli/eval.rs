@@ -38,7 +38,7 @@ pub struct Args {
     /// Base sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Output directory; files are `<method>-<split>-T<t>.json`.
+    /// Output directory; files are `<task>-<method>-<split>-T<t>.json`.
     #[arg(long)]
     out: PathBuf,
 }
@@ -73,7 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for decoding in Decoding::sweep(&args.temperature, args.max_new_tokens, args.seed) {
         let mut method = method_by_name(&args.method)?;
         let result = harness::run(method.as_mut(), train.as_ref(), &split, &args.split, &decoding)?;
-        let path = args.out.join(format!("{}-{}-T{}.json", result.method, args.split, decoding.temperature));
+        let path = args.out.join(format!("{}-{}-{}-T{}.json", result.task, result.method, args.split, decoding.temperature));
         result.write(&path)?;
         let s = &result.summary;
         println!(

@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod eval;
+mod report;
 mod rouge;
 use std::process::ExitCode;
 
@@ -24,6 +25,8 @@ enum Command {
     Bench(bench::Args),
     /// Evaluate a method on a benchmark split (one result JSON per temperature).
     Eval(eval::Args),
+    /// Turn result files into a markdown report with PNG plots.
+    Report(report::Args),
 }
 
 /// Parses arguments, runs the subcommand, prints errors in one line.
@@ -37,6 +40,7 @@ pub fn main() -> ExitCode {
         Command::Rouge(args) => rouge::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Report(args) => report::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@
 //!   settings and the temperature sweep; [`baselines`]: model-free methods;
 //! - [`harness`]: runs a method on a split; [`result`]: the result file and
 //!   method-vs-baseline comparison;
+//! - [`report`], [`plot`]: markdown tables and PNG charts of result files;
 //! - [`rouge`]: ROUGE-1/2/L identical to Python `rouge-score`.
 pub mod baselines;
 pub mod bench;
@@ -17,6 +18,8 @@ pub mod lamp;
 pub mod longlamp;
 pub mod method;
 pub mod metrics;
+pub mod plot;
+pub mod report;
 pub mod result;
 pub mod rouge;
 pub mod task;
