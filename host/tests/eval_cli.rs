@@ -1,0 +1,83 @@
+//! The eval subcommands end to end through the binary: bench build on a
+//! hand-made fortune directory, eval on it and on a LongLaMP file, report.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn hexlora(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hexlora")).args(args).output().unwrap()
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Two category files; 10 authors with 6 quotes each, and one author with
+/// only 2 (dropped), enough for a 60/20/20 user split.
+fn fortune_dir(dir: &Path) {
+    for (cat, offset) in [("love", 0), ("work", 3)] {
+        let mut text = String::new();
+        for a in 0..10 {
+            for i in 0..3 {
+                text.push_str(&format!("Quote {} of author {a} about {cat}.\n\t\t-- Author {a}, \"Book\"\n%\n", i + offset));
+            }
+        }
+        text.push_str(&format!("Lonely {cat}.\n\t-- Rare Writer\n%\n"));
+        std::fs::write(dir.join(cat), text).unwrap();
+    }
+    std::fs::write(dir.join("love.dat"), b"\0binary index").unwrap();
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn bench_build_eval_and_report_through_the_cli() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fortunes = tmp.path().join("fortunes");
+    std::fs::create_dir(&fortunes).unwrap();
+    fortune_dir(&fortunes);
+    let out = tmp.path().join("bench");
+    let printed = ok(hexlora(&["bench", "build", "--only", "quotes-tag", "--out", s(&out), "--fortunes-dir", s(&fortunes)]));
+    assert!(printed.contains("quotes-tag: dev 2 users"), "{printed}");
+    let labels = std::fs::read_to_string(out.join("quotes-tag/labels.json")).unwrap();
+    assert!(labels.contains("love") && labels.contains("work"));
+
+    let results = tmp.path().join("results");
+    let printed = ok(hexlora(&[
+        "eval", "--bench", s(&out.join("quotes-tag")), "--split", "test", "--method", "majority-user",
+        "--temperature", "0,1", "--out", s(&results),
+    ]));
+    assert_eq!(printed.lines().count(), 2, "{printed}");
+    let hot: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(results.join("quotes-tag-majority-user-test-T1.json")).unwrap()).unwrap();
+    assert_eq!(hot["decoding"]["samples"], 10);
+    assert_eq!(hot["users"][0]["queries"][0]["predictions"].as_array().unwrap().len(), 10);
+
+    let err = hexlora(&["eval", "--bench", s(&out.join("quotes-tag")), "--method", "telepathy", "--out", s(&results)]);
+    assert!(!err.status.success());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("unknown method \"telepathy\""));
+    let err = hexlora(&["bench", "build", "--only", "quotes", "--out", s(&out)]);
+    assert!(String::from_utf8_lossy(&err.stderr).contains("unknown benchmark"));
+
+    ok(hexlora(&["eval", "--bench", s(&out.join("quotes-tag")), "--split", "test", "--method", "majority-global", "--out", s(&results)]));
+    if Path::new(hexlora::eval::plot::DEFAULT_FONT).exists() {
+        let files: Vec<PathBuf> = ["majority-user", "majority-global"].iter().map(|m| results.join(format!("quotes-tag-{m}-test-T0.json"))).collect();
+        let report = tmp.path().join("report");
+        let printed = ok(hexlora(&["report", s(&files[0]), s(&files[1]), "--baseline", "majority-global", "--out", s(&report)]));
+        assert!(printed.trim().ends_with("report.md"));
+        assert!(std::fs::read_to_string(report.join("report.md")).unwrap().contains("| majority-user |"));
+    }
+}
+
+#[test]
+fn eval_reads_longlamp_files() {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/eval/lamp/product_review_user.json");
+    let tmp = tempfile::tempdir().unwrap();
+    let printed = ok(hexlora(&[
+        "eval", "--longlamp", fixture, "--longlamp-task", "product_review_user", "--method", "nearest-profile",
+        "--out", s(tmp.path()),
+    ]));
+    assert!(printed.contains("LongLaMP_product_review") && printed.contains("2 users / 3 queries"), "{printed}");
+}
