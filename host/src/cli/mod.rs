@@ -2,6 +2,8 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod grad;
+mod train;
 mod eval;
 mod report;
 mod rouge;
@@ -23,6 +25,10 @@ enum Command {
     Rouge(rouge::Args),
     /// Build the bundled benchmarks (quotes-tag, mail-subject, sotu-continue).
     Bench(bench::Args),
+    /// Loss, logits and LoRA gradients of one batch (verify a port against PyTorch + PEFT).
+    Grad(grad::Args),
+    /// LoRA fine-tuning from JSONL into a PEFT adapter (commits every step, --resume).
+    Train(train::Args),
     /// Evaluate a method on a benchmark split (one result JSON per temperature).
     Eval(eval::Args),
     /// Turn result files into a markdown report with PNG plots.
@@ -39,6 +45,8 @@ pub fn main() -> ExitCode {
         }
         Command::Rouge(args) => rouge::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Grad(args) => grad::run(args),
+        Command::Train(args) => train::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Report(args) => report::run(args),
     };
