@@ -242,3 +242,48 @@ fn smollm2_weights_match_transformers() {
         }
     }
 }
+
+/// A GGUF v3 file with one string key and one F32 tensor `[2]`.
+fn tiny_gguf(arch: &str, tensor: &str) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(1u64.to_le_bytes());
+    b.extend(1u64.to_le_bytes());
+    let s = |b: &mut Vec<u8>, x: &str| {
+        b.extend((x.len() as u64).to_le_bytes());
+        b.extend(x.as_bytes());
+    };
+    s(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    s(&mut b, arch);
+    s(&mut b, tensor);
+    b.extend(1u32.to_le_bytes());
+    b.extend(2u64.to_le_bytes());
+    b.extend(0u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.resize(b.len().div_ceil(32) * 32, 0);
+    b.extend(1.5f32.to_le_bytes());
+    b.extend((-2.0f32).to_le_bytes());
+    b
+}
+
+#[test]
+fn qwen35_gguf_tensors_are_refused_but_metadata_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.gguf");
+    std::fs::write(&path, tiny_gguf("qwen35", "blk.0.ssm_a")).unwrap();
+    let g = Gguf::open(&path).unwrap();
+    assert_eq!(g.architecture().unwrap(), "qwen35");
+    let e = g.get("blk.0.ssm_a").unwrap_err().to_string();
+    assert!(e.contains("qwen35") && e.contains("safetensors"), "{e}");
+
+    std::fs::write(&path, tiny_gguf("qwen3", "blk.0.attn_q_norm.weight")).unwrap();
+    let g = Gguf::open(&path).unwrap();
+    let t = g.get("model.layers.0.self_attn.q_norm.weight").unwrap();
+    assert_eq!(t.to_f32().unwrap(), vec![1.5, -2.0]);
+
+    // A llama file must say how many heads its q/k rows are permuted by.
+    std::fs::write(&path, tiny_gguf("llama", "blk.0.attn_q.weight")).unwrap();
+    let e = Gguf::open(&path).err().unwrap().to_string();
+    assert!(e.contains("llama.attention.head_count"), "{e}");
+}

@@ -17,6 +17,9 @@
 //! llama.cpp's converter permuted for its rotary layout are put back in
 //! Hugging Face order (as transformers' GGUF loader does). Tensors without a
 //! Hugging Face counterpart (e.g. `rope_freqs.weight`) keep their GGUF name.
+//! Files of architecture `qwen35` / `qwen3next` open (metadata and tokenizer
+//! are readable) but their tensors are refused: llama.cpp's converter
+//! rewrites them beyond renaming (value-head order, `A_log`, norm offsets).
 //!
 //! ```no_run
 //! use hexlora::model::{gguf::Gguf, source::TensorSource};
@@ -229,6 +232,8 @@ pub struct Gguf {
     hf_names: Vec<String>,
     /// For llama q/k: heads to un-permute by, and the lazily built copy.
     unpermuted: Vec<Option<(usize, OnceLock<Vec<u8>>)>>,
+    /// An architecture whose tensors the converter rewrote beyond renaming.
+    refused_arch: Option<String>,
 }
 
 /// What the header, metadata and tensor infos say.
@@ -260,15 +265,14 @@ impl Gguf {
             hf_index: HashMap::new(),
             hf_names: Vec::new(),
             unpermuted: Vec::new(),
+            refused_arch: None,
         };
         let arch = this.architecture().unwrap_or("").to_string();
         if arch == "qwen35" || arch == "qwen3next" {
             // llama.cpp's converter reorders value heads and rewrites A_log
-            // and the norm weights of these; loading them as-is would be wrong.
-            return Err(Error::Unsupported(format!(
-                "{}: GGUF architecture {arch} (load the Hugging Face safetensors directory instead)",
-                this.what
-            )));
+            // and the norm weights of these; handing them out as-is would be
+            // silently wrong. Metadata (and the tokenizer) stay readable.
+            this.refused_arch = Some(arch.clone());
         }
         let heads = if arch == "llama" { Some(this.llama_heads()?) } else { None };
         for (i, t) in this.parsed.tensors.iter().enumerate() {
@@ -443,6 +447,12 @@ impl TensorSource for Gguf {
             .hf_index
             .get(name)
             .ok_or_else(|| Error::format(&self.what, format!("missing tensor {name}")))?;
+        if let Some(arch) = &self.refused_arch {
+            return Err(Error::Unsupported(format!(
+                "{}: tensors of GGUF architecture {arch} (load the Hugging Face safetensors directory instead)",
+                self.what
+            )));
+        }
         let t = &self.parsed.tensors[i];
         let dtype = t.ggml_type.dtype().ok_or_else(|| {
             Error::Unsupported(format!(

@@ -1,4 +1,5 @@
 //! Model files, tokenizer and architectures.
+pub mod chat;
 pub mod config;
 pub mod cpu_projection;
 pub mod decoder;
@@ -10,3 +11,4 @@ pub mod llama;
 pub mod quant;
 pub mod qwen35;
 pub mod source;
+pub mod tokenizer;
