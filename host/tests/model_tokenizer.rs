@@ -164,3 +164,30 @@ fn tiny_gguf_bpe_and_bad_metadata() {
     let e = tokenizer_from(&[("general.architecture", Kv::Str("test"))]).err().unwrap();
     assert!(e.contains("tokenizer.ggml.model"), "{e}");
 }
+
+#[test]
+fn tokenizer_json_matches_transformers() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/tiny-hf");
+    let tok = Tokenizer::from_hf_dir(&dir).unwrap();
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    assert_eq!(tok.eos_id, Some(fx["eos_token_id"].as_u64().unwrap() as u32));
+    assert_eq!(tok.pad_id, Some(fx["pad_token_id"].as_u64().unwrap() as u32));
+    assert_eq!(tok.bos_id, None);
+    for case in fx["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let got = tok.encode(text).unwrap();
+        assert_eq!(got, ids(&case["ids"]), "encode({text:?})");
+        assert_eq!(tok.decode(&got, false).unwrap(), case["decoded"].as_str().unwrap());
+    }
+}
+
+#[test]
+fn tokenizer_json_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Tokenizer::from_hf_dir(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("no tokenizer.json"), "{e}");
+    std::fs::write(dir.path().join("tokenizer.json"), "{\"model\": 3").unwrap();
+    let e = Tokenizer::from_hf_dir(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("tokenizer.json"), "{e}");
+}

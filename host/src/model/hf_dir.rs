@@ -215,6 +215,27 @@ mod tests {
     }
 
     #[test]
+    fn half_types_and_unsupported_dtypes() {
+        use half::{bf16, f16};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), "{}").unwrap();
+        let h: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
+        let b: Vec<u8> = [0.25f32, 8.0].iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect();
+        let i: Vec<u8> = [7i64].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let views = vec![
+            ("h", TensorView::new(::safetensors::Dtype::F16, vec![2], &h).unwrap()),
+            ("b", TensorView::new(::safetensors::Dtype::BF16, vec![1, 2], &b).unwrap()),
+            ("i", TensorView::new(::safetensors::Dtype::I64, vec![1], &i).unwrap()),
+        ];
+        ::safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+        let hf = HfDir::open(dir.path()).unwrap();
+        assert_eq!(hf.get("h").unwrap().to_f32().unwrap(), vec![1.5, -2.0]);
+        assert_eq!(hf.get("b").unwrap().to_f32().unwrap(), vec![0.25, 8.0]);
+        let err = hf.get("i").unwrap_err().to_string();
+        assert!(err.contains("tensor i") && err.contains("I64"), "{err}");
+    }
+
+    #[test]
     fn sharded_index() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("config.json"), "{}").unwrap();
