@@ -148,6 +148,7 @@ fn corrupt_headers_are_clear_errors() {
     assert!(patch(0, b"GGML").contains("not a GGUF file"));
     assert!(patch(4, &1u32.to_le_bytes()).contains("GGUF version 1"));
     assert!(patch(4, &99u32.to_le_bytes()).contains("GGUF version 99"));
+    assert!(patch(4, &3u32.to_be_bytes()).contains("big-endian"));
     // v2 has the same layout for little-endian files.
     assert_eq!(patch(4, &2u32.to_le_bytes()), "accepted");
     let e = patch(8, &u64::MAX.to_le_bytes());

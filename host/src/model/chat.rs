@@ -39,8 +39,9 @@ pub enum ChatTemplate {
     },
 }
 
-/// How SmolLM2-style templates open the default system message.
-const DEFAULT_SYSTEM_OPEN: &str = "'<|im_start|>system\n";
+/// How templates open a literal system block, with the newline written
+/// raw (SmolLM2's GGUF) or as a Jinja escape (tokenizer_config.json files).
+const SYSTEM_OPENINGS: [&str; 2] = ["'<|im_start|>system\n", "'<|im_start|>system\\n"];
 
 impl ChatTemplate {
     /// Plain ChatML without a default system prompt.
@@ -55,22 +56,7 @@ impl ChatTemplate {
         if !jinja.contains("<|im_start|>") || !jinja.contains("<|im_end|>") {
             return Err(Error::Unsupported("chat template is not ChatML".into()));
         }
-        // The default-system pattern: a branch taken when messages[0] is
-        // not a system message, emitting a literal system block.
-        let has_default = jinja.contains("messages[0]['role'] != 'system'")
-            || jinja.contains("messages[0].role != 'system'")
-            || jinja.contains("messages[0]['role'] != \"system\"");
-        let default_system = match (has_default, jinja.find(DEFAULT_SYSTEM_OPEN)) {
-            (true, Some(at)) => {
-                let rest = &jinja[at + DEFAULT_SYSTEM_OPEN.len()..];
-                let end = rest.find("<|im_end|>").ok_or_else(|| {
-                    Error::Unsupported("chat template: default system message is not closed".into())
-                })?;
-                Some(rest[..end].to_string())
-            }
-            _ => None,
-        };
-        Ok(ChatTemplate::ChatMl { default_system })
+        Ok(ChatTemplate::ChatMl { default_system: default_system(jinja) })
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends
@@ -92,6 +78,23 @@ impl ChatTemplate {
     }
 }
 
+/// The system prompt a template writes as a literal: the first system
+/// block whose text up to `<|im_end|>` is plain (no quote, so no Jinja
+/// expression is spliced in, as in `'<|im_start|>system\n' + content`).
+fn default_system(jinja: &str) -> Option<String> {
+    for open in SYSTEM_OPENINGS {
+        for (at, _) in jinja.match_indices(open) {
+            let rest = &jinja[at + open.len()..];
+            let Some(end) = rest.find("<|im_end|>") else { continue };
+            let text = &rest[..end];
+            if !text.contains(['\'', '"', '{', '}']) {
+                return Some(text.replace("\\n", "\n"));
+            }
+        }
+    }
+    None
+}
+
 fn push_turn(out: &mut String, role: &str, content: &str) {
     out.push_str("<|im_start|>");
     out.push_str(role);
@@ -109,6 +112,23 @@ mod tests {
         let t = ChatTemplate::chatml();
         let s = t.render(&[Message::new("user", "hi")], true);
         assert_eq!(s, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn default_system_prompts() {
+        // Qwen2.5 style: escaped newlines, default system in an else branch.
+        let qwen25 = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud.<|im_end|>\\n' }}{%- endif %}";
+        let t = ChatTemplate::from_jinja(qwen25).unwrap();
+        assert_eq!(t, ChatTemplate::ChatMl { default_system: Some("You are Qwen, created by Alibaba Cloud.".into()) });
+        // Qwen3 style: system block only when the user gives one.
+        let qwen3 = "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}";
+        assert_eq!(ChatTemplate::from_jinja(qwen3).unwrap(), ChatTemplate::chatml());
+        let t = ChatTemplate::ChatMl { default_system: Some("S".into()) };
+        assert_eq!(t.render(&[], true), "<|im_start|>assistant\n");
+        assert_eq!(
+            t.render(&[Message::new("system", "X"), Message::new("user", "u")], false),
+            "<|im_start|>system\nX<|im_end|>\n<|im_start|>user\nu<|im_end|>\n"
+        );
     }
 
     #[test]

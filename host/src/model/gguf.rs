@@ -636,6 +636,9 @@ fn parse(buf: &[u8], what: &str) -> Result<Parsed> {
         return Err(Error::format(what, format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")")));
     }
     let version = c.u32(&"version")?;
+    if (2..=3).contains(&version.swap_bytes()) {
+        return Err(Error::Unsupported(format!("{what}: big-endian GGUF")));
+    }
     if !(2..=3).contains(&version) {
         return Err(Error::Unsupported(format!("{what}: GGUF version {version} (2 and 3 are read)")));
     }
