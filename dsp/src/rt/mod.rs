@@ -10,6 +10,8 @@ pub mod log_ring;
 mod defmt_logger;
 #[cfg(all(target_arch = "hexagon", feature = "sim"))]
 pub mod linux;
+#[cfg(all(target_arch = "hexagon", not(feature = "sim")))]
+mod panic_device;
 
 /// Self-tests that only make sense on Hexagon (the defmt logger); empty
 /// natively.

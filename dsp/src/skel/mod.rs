@@ -20,6 +20,8 @@
 //! `dsp/skel/` picks the implementation.
 pub mod abi;
 pub mod buffers;
+#[cfg(all(test, hexlora_h_bindings))]
+mod c_header;
 mod dispatch_tests;
 
 pub use abi::{RemoteArg, RemoteBuf, Scalars};
@@ -63,6 +65,25 @@ impl<S, const N: usize> Sessions<S, N> {
         let i = usize::try_from(handle).ok()?.checked_sub(1)?;
         self.slots.get_mut(i)?.as_mut()
     }
+
+    fn close(&mut self, handle: u64) -> i32 {
+        match self.get(handle) {
+            Some(_) => {
+                // get() succeeded, so handle - 1 is a valid index.
+                self.slots[handle as usize - 1] = None;
+                AEE_SUCCESS
+            }
+            None => AEE_EBADPARM,
+        }
+    }
+}
+
+impl<S: Service, const N: usize> Sessions<S, N> {
+    fn open(&mut self, uri: &[u8]) -> Result<u64, i32> {
+        let slot = self.slots.iter().position(|s| s.is_none()).ok_or(AEE_ENOMEMORY)?;
+        self.slots[slot] = Some(S::open(uri)?);
+        Ok(slot as u64 + 1)
+    }
 }
 
 impl<S, const N: usize> Default for Sessions<S, N> {
@@ -105,13 +126,7 @@ pub unsafe fn invoke<S: Service, const N: usize>(
     let mut sessions = sessions.lock();
     match sc.method() {
         METHOD_OPEN => open(&mut sessions, &ins, &outs),
-        METHOD_CLOSE => match usize::try_from(handle).ok().and_then(|h| h.checked_sub(1)) {
-            Some(i) if sessions.slots.get(i).is_some_and(|s| s.is_some()) => {
-                sessions.slots[i] = None;
-                AEE_SUCCESS
-            }
-            _ => AEE_EBADPARM,
-        },
+        METHOD_CLOSE => sessions.close(handle),
         METHOD_CALL => match sessions.get(handle) {
             Some(service) => call(service, &ins, &outs),
             None => AEE_EBADPARM,
@@ -127,19 +142,24 @@ unsafe fn open<S: Service, const N: usize>(sessions: &mut Sessions<S, N>, ins: &
     if out.len < 8 {
         return AEE_EBADPARM;
     }
-    let Some(slot) = sessions.slots.iter().position(|s| s.is_none()) else {
-        return AEE_ENOMEMORY;
-    };
     let uri = core::slice::from_raw_parts(uri.pv as *const u8, uri.len);
-    match S::open(uri) {
-        Ok(service) => {
-            sessions.slots[slot] = Some(service);
-            let handle = (slot as u64 + 1).to_le_bytes();
-            core::ptr::copy_nonoverlapping(handle.as_ptr(), out.pv as *mut u8, 8);
+    match sessions.open(uri) {
+        Ok(handle) => {
+            core::ptr::copy_nonoverlapping(handle.to_le_bytes().as_ptr(), out.pv as *mut u8, 8);
             AEE_SUCCESS
         }
         Err(code) => code,
     }
+}
+
+/// Opens a session outside `invoke` (the IDL's `hexlora_open`).
+pub fn open_session<S: Service, const N: usize>(sessions: &Spinlock<Sessions<S, N>>, uri: &[u8]) -> Result<u64, i32> {
+    sessions.lock().open(uri)
+}
+
+/// Closes a session outside `invoke` (the IDL's `hexlora_close`).
+pub fn close_session<S: Service, const N: usize>(sessions: &Spinlock<Sessions<S, N>>, handle: u64) -> i32 {
+    sessions.lock().close(handle)
 }
 
 unsafe fn call<S: Service>(service: &mut S, ins: &[RemoteBuf], outs: &[RemoteBuf]) -> i32 {

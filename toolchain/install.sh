@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what hexlora's builds and tests need on a fresh Debian 12 machine.
+# Idempotent: installs only what is missing, so CI calls it every run.
+#
+#   rustc-web rust-web-src  Debian's rustc 1.96 and its library source, which
+#                           -Zbuild-std compiles for hexagon-unknown-none-elf
+#   cargo-web               cargo for that rustc (skipped if cargo exists)
+#   qemu-user               qemu-hexagon, the simulator (Linux user mode)
+#   lld-14                  ld.lld-14, the Hexagon linker
+#   llvm-14                 llvm-readelf-14, to check the skel's symbols
+#   libclang-dev bindgen    bindgen over dsp/include/hexlora.h
+#
+# A rustup user can skip the Debian compilers instead: see toolchain/README.md.
+set -euo pipefail
+
+packages=(rustc-web rust-web-src qemu-user lld-14 llvm-14 libclang-dev bindgen)
+command -v cargo >/dev/null || packages+=(cargo-web)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "toolchain/install.sh: installing ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+else
+    echo "toolchain/install.sh: all packages present"
+fi
