@@ -17,6 +17,13 @@ pub mod rt;
 pub mod selftest;
 pub mod skel;
 
+/// Hexagon SDK bindings (feature `sdk`, needs `HEXAGON_SDK_ROOT`).
+#[cfg(feature = "sdk")]
+#[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, missing_docs)]
+pub mod sdk {
+    include!(concat!(env!("OUT_DIR"), "/sdk.rs"));
+}
+
 pub mod dma;
 pub mod hvx;
 pub mod kernels;
