@@ -5,6 +5,7 @@ mod bench;
 mod grad;
 mod train;
 mod eval;
+mod generate;
 mod report;
 mod rouge;
 use std::process::ExitCode;
@@ -29,6 +30,8 @@ enum Command {
     Grad(grad::Args),
     /// LoRA fine-tuning from JSONL into a PEFT adapter (commits every step, --resume).
     Train(train::Args),
+    /// Generate text from a model (greedy, temperature, top-p; chat template applied).
+    Generate(generate::Args),
     /// Evaluate a method on a benchmark split (one result JSON per temperature).
     Eval(eval::Args),
     /// Turn result files into a markdown report with PNG plots.
@@ -48,6 +51,7 @@ pub fn main() -> ExitCode {
         Command::Grad(args) => grad::run(args),
         Command::Train(args) => train::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Generate(args) => generate::run(args),
         Command::Report(args) => report::run(args),
     };
     match result {
