@@ -3,6 +3,7 @@
 use super::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+use std::ops::Not;
 
 impl Tape {
     /// Back-propagates from the scalar `loss` (seed gradient 1).
@@ -38,7 +39,9 @@ impl Tape {
             let Some(dout) = grads[node.output.0].take() else { continue };
             let wanted: Vec<bool> = node.inputs.iter().map(|v| needs_grad[v.0]).collect();
             let inputs: Vec<&Tensor> = node.inputs.iter().map(|v| &values[v.0]).collect();
+            let timer = matches!(node.kind, super::nodes::NodeKind::Segment { .. }).not().then(|| super::profile::timer(node.kind.name(), false));
             let dinputs = node.kind.backward(&inputs, &values[node.output.0], dout, &wanted)?;
+            drop(timer);
             for ((v, d), want) in node.inputs.iter().zip(dinputs).zip(&wanted) {
                 if let (Some(d), true) = (d, want) {
                     accumulate(&mut grads[v.0], d);

@@ -53,6 +53,21 @@ pub(crate) enum NodeKind {
 }
 
 impl NodeKind {
+    /// Short name for profiles.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            NodeKind::Projection { .. } => "projection",
+            NodeKind::LoraAdd { .. } => "lora",
+            NodeKind::RmsNorm { .. } => "rmsnorm",
+            NodeKind::Rope { .. } => "rope",
+            NodeKind::Attention { .. } => "attention",
+            NodeKind::SwiGlu => "swiglu",
+            NodeKind::Add => "add",
+            NodeKind::HeadLoss { .. } => "head+loss",
+            NodeKind::Segment { .. } => "segment",
+        }
+    }
+
     /// Gradients of the inputs given `dout`; `None` where not `wanted`.
     pub(crate) fn backward(
         &self,
@@ -164,6 +179,7 @@ fn same_shape(what: &str, a: &Tensor, b: &Tensor) -> Result<()> {
 impl Tape {
     /// `x W^T` through a frozen projection; `x: [.., in] -> [.., out]`.
     pub fn projection(&mut self, x: Var, proj: &Arc<dyn Projection>) -> Result<Var> {
+        let _time = super::profile::timer("projection", true);
         let info = proj.info();
         let xv = self.value(x);
         if xv.last_dim() != info.in_features {
@@ -186,6 +202,7 @@ impl Tape {
     /// `a` and `b` may be any values on the tape (parameters, or outputs of a
     /// hypernetwork); gradients reach them either way.
     pub fn lora_add(&mut self, base: Var, x: Var, a: Var, b: Var, scaling: f32, dropout: Option<Dropout>) -> Result<Var> {
+        let _time = super::profile::timer("lora", true);
         let (xv, av, bv, basev) = (self.value(x), self.value(a), self.value(b), self.value(base));
         let shapes = branch::Shapes::of(xv, av, bv)?;
         if basev.rows() != shapes.tokens || basev.last_dim() != shapes.out_f {
@@ -203,6 +220,7 @@ impl Tape {
 
     /// RMSNorm of `x` over rows of `weight.len()` features.
     pub fn rms_norm(&mut self, x: Var, weight: &Arc<Vec<f32>>, kind: NormWeight, eps: f32) -> Result<Var> {
+        let _time = super::profile::timer("rmsnorm", true);
         let xv = self.value(x);
         if weight.is_empty() || xv.len() % weight.len() != 0 {
             return Err(Error::Shape { what: "rms_norm input".into(), expected: vec![weight.len()], got: xv.shape.clone() });
@@ -215,6 +233,7 @@ impl Tape {
 
     /// Rotary embedding of `x: [tokens, heads * head_dim]` at `positions`.
     pub fn rope(&mut self, x: Var, positions: &Arc<Vec<usize>>, heads: usize, head_dim: usize, inv_freq: &Arc<Vec<f32>>) -> Result<Var> {
+        let _time = super::profile::timer("rope", true);
         let xv = self.value(x);
         if xv.len() != positions.len() * heads * head_dim || 2 * inv_freq.len() > head_dim {
             return Err(Error::Shape { what: "rope input".into(), expected: vec![positions.len(), heads * head_dim], got: xv.shape.clone() });
@@ -229,6 +248,7 @@ impl Tape {
     /// equal it: training has no cache). `q: [rows, n_head * head_dim]`,
     /// `k`, `v: [rows, n_kv_head * head_dim]`.
     pub fn attention(&mut self, q: Var, k: Var, v: Var, dims: AttnDims, scale: f32) -> Result<Var> {
+        let _time = super::profile::timer("attention", true);
         let (qv, kv, vv) = (self.value(q), self.value(k), self.value(v));
         let qw = dims.q_len * dims.n_head * dims.head_dim;
         let kw = dims.kv_len * dims.n_kv_head * dims.head_dim;
@@ -249,6 +269,7 @@ impl Tape {
 
     /// `silu(gate) * up`.
     pub fn swiglu(&mut self, gate: Var, up: Var) -> Result<Var> {
+        let _time = super::profile::timer("swiglu", true);
         same_shape("swiglu", self.value(gate), self.value(up))?;
         let mut y = Tensor::zeros(&self.value(gate).shape);
         swiglu_forward(&mut y.data, &self.value(gate).data, &self.value(up).data);
@@ -257,6 +278,7 @@ impl Tape {
 
     /// `a + b` (residual connections).
     pub fn add(&mut self, a: Var, b: Var) -> Result<Var> {
+        let _time = super::profile::timer("add", true);
         same_shape("add", self.value(a), self.value(b))?;
         let mut y = self.value(a).clone();
         y.data.iter_mut().zip(&self.value(b).data).for_each(|(y, b)| *y += b);
@@ -277,6 +299,7 @@ impl Tape {
         chunk: usize,
         logits: Option<&mut Vec<f32>>,
     ) -> Result<Var> {
+        let _time = super::profile::timer("head+loss", true);
         let xv = self.value(x);
         let want_dx = self.needs_grad(x);
         let out = cross_entropy::head_forward_backward(head.as_ref(), &xv.data, xv.rows(), targets, denom, chunk, want_dx, logits)?;

@@ -3,7 +3,11 @@
 use crate::lora::LoraConfig;
 use crate::optim::adamw::AdamWConfig;
 use crate::optim::schedule::{Decay, Schedule};
+use crate::lora::Adapter;
 use crate::train::data::load_jsonl;
+use crate::train::grad::evaluate;
+use crate::train::text_encoder::ModelText;
+use crate::train::graph::TrainableModel;
 use crate::train::decoder_graph::DecoderGraph;
 use crate::train::trainer::{train, RunOptions, TrainConfig};
 use std::path::PathBuf;
@@ -20,6 +24,10 @@ pub struct Args {
     /// Run directory: commit.safetensors, metrics.jsonl, loss.svg, adapter/.
     #[arg(long)]
     out: PathBuf,
+    /// Held-out JSONL (same forms as --data): its loss is reported before
+    /// and after training.
+    #[arg(long)]
+    eval_data: Option<PathBuf>,
     /// Continue the run committed in --out.
     #[arg(long)]
     resume: bool,
@@ -68,12 +76,28 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Print a per-node time table at the end.
+    #[arg(long)]
+    profile: bool,
+}
+
+/// Peak resident set size of this process (`VmHWM`), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
 }
 
 /// Runs `hexlora train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.profile {
+        crate::autograd::profile::enable();
+    }
     let model = DecoderGraph::open(&args.model)?;
-    let (data, skipped) = load_jsonl(&args.data, None, args.max_len)?;
+    // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
+    let text = ModelText::open(&args.model).ok();
+    let enc = text.as_ref().map(|t| t as &dyn crate::train::data::Encoder);
+    let (data, skipped) = load_jsonl(&args.data, enc, args.max_len)?;
     if skipped > 0 {
         eprintln!("skipped {skipped} examples with no completion tokens left after truncation");
     }
@@ -95,9 +119,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         activation_cap: args.activation_cap_mb.map(|m| m << 20),
         head_chunk: 64,
     };
+    let eval = match &args.eval_data {
+        Some(p) => Some(load_jsonl(p, enc, args.max_len)?.0),
+        None => None,
+    };
+    let before = match &eval {
+        Some(e) => Some(evaluate(&model, &Adapter::init(config.lora.clone(), &model.projections(), 0)?, e)?),
+        None => None,
+    };
     let run = RunOptions { resume: args.resume, progress: !args.quiet, stop_after: None, on_step: None };
     let state = train(&model, &data, &config, &args.out, run)?;
     let last = state.history.last().map_or(f32::NAN, |r| r.loss);
     println!("trained {} steps, last loss {last:.4}; adapter in {}", state.step(), args.out.join("adapter").display());
+    // Throughput over this invocation's steps after the first (warm-up).
+    let timed = state.history.iter().skip(1);
+    let (tokens, secs) = timed.fold((0u64, 0f64), |(t, s), r| (t + r.tokens, s + r.seconds));
+    if secs > 0.0 {
+        println!("train tok/s: {:.1}", tokens as f64 / secs);
+    }
+    if let (Some(e), Some(before)) = (&eval, before) {
+        println!("held-out loss: before {before:.4} after {:.4}", evaluate(&model, &state.adapter, e)?);
+    }
+    if let Some(rss) = peak_rss_mib() {
+        println!("peak RSS MiB: {rss:.0}");
+    }
+    if args.profile {
+        print!("{}", crate::autograd::profile::table());
+    }
     Ok(())
 }

@@ -11,14 +11,7 @@ use crate::{Error, Result};
 use serde::Deserialize;
 use std::path::Path;
 
-/// One chat message.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
+pub use crate::model::chat::Message;
 
 /// Turns text examples into token ids.
 pub trait Encoder {

@@ -65,3 +65,19 @@ pub fn compute_grads(model: &dyn TrainableModel, adapter: &Adapter, batch: &Batc
     };
     Ok(GradResult { loss: tape.value(loss).data[0], logits, grads })
 }
+
+/// Mean token loss of `data` under `adapter` (dropout off, forward only:
+/// the factors are constants, so no gradient work is recorded).
+pub fn evaluate(model: &dyn TrainableModel, adapter: &Adapter, data: &[Batch]) -> Result<f32> {
+    let (mut total, mut count) = (0f64, 0usize);
+    for batch in data {
+        let mut tape = Tape::new();
+        let factors = adapter.modules.iter().map(|m| (m.name.clone(), (tape.constant(m.a.clone()), tape.constant(m.b.clone())))).collect();
+        let lora = LoraVars { factors, scaling: adapter.config.scaling(), dropout: 0.0, dropout_seed: 0 };
+        let n = batch.target_count();
+        let loss = model.loss(&mut tape, batch, &lora, &GraphOptions::default(), None)?;
+        total += tape.value(loss).data[0] as f64 * n as f64;
+        count += n;
+    }
+    Ok((total / count.max(1) as f64) as f32)
+}

@@ -10,3 +10,4 @@ pub mod decoder_graph;
 pub mod grad;
 pub mod data;
 pub mod trainer;
+pub mod text_encoder;
