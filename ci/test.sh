@@ -1,5 +1,28 @@
 #!/usr/bin/env bash
-# All tests: native workspace tests (the simulator suite is added by issue 2).
+# The README's test command (and CI's, through .ci/run): installs what is
+# missing, runs every native test, then the Hexagon simulator tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+bash toolchain/install.sh
+
+echo "== native tests"
 cargo test --workspace
+
+echo "== C header vs Rust ABI (bindgen)"
+bash ci/bindgen-check.sh
+
+echo "== skel shared object (v73)"
+bash ci/build-skel.sh v73
+
+echo "== firmware log decoded on the host"
+# ci/sim-test.sh below builds the same ELF; build it first for this test.
+source toolchain/hexagon-env.sh
+RUSTFLAGS="$(hexagon_rustflags sim)" "${HEXAGON_CARGO[@]}" build "${HEXAGON_BUILD[@]}" \
+    -p hexlora-dsp --features sim --bin selftest
+( unset RUSTC RUSTC_BOOTSTRAP
+  HEXLORA_FIRMWARE_ELF="$HEXAGON_OUT/debug/selftest" \
+      cargo test -p hexlora --test firmware_log -- --nocapture )
+
+echo "== Hexagon simulator self-tests"
+bash ci/sim-test.sh

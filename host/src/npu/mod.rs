@@ -1,1 +1,3 @@
 //! (being written)
+
+pub mod firmware_log;
