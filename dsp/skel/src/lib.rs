@@ -10,7 +10,10 @@ use hexlora_dsp::skel::{self, RemoteArg, Sessions, Unserved};
 use spinning_top::Spinlock;
 
 /// Sessions served by this library. `Unserved` answers every request with
-/// `NoSupport` until the kernels' service loop is wired in here.
+/// `NoSupport` until the kernels' service loop is wired in here: that needs
+/// `hexlora_dsp::service::ProjectionService` to be `Send` (it holds raw VTCM
+/// pointers today), since the sessions live in a static shared by the
+/// FastRPC threads.
 static SESSIONS: Spinlock<Sessions<Unserved, 4>> = Spinlock::new(Sessions::new());
 
 /// FastRPC entry point.
