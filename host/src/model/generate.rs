@@ -127,11 +127,18 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let logits = [0.0f32, 3.0, 1.0, 3.0];
         assert_eq!(choose(&mut logits.clone(), &Sampling::greedy(), &mut rng), 1);
-        // top-p 0.5: tokens 1 and 3 hold ~0.88 together; 0.5 is reached by the first alone.
-        let s = Sampling { temperature: 1.0, top_p: 0.5, seed: 0 };
+        // softmax: p1 = p3 = 0.4576, p2 = 0.0619, p0 = 0.0228. Ties keep index
+        // order, so top-p 0.4 keeps token 1 alone and top-p 0.5 keeps {1, 3}.
+        let s = Sampling { temperature: 1.0, top_p: 0.4, seed: 0 };
         for _ in 0..50 {
             assert_eq!(choose(&mut logits.clone(), &s, &mut rng), 1);
         }
+        let s = Sampling { temperature: 1.0, top_p: 0.5, seed: 0 };
+        let mut seen = [false; 4];
+        for _ in 0..200 {
+            seen[choose(&mut logits.clone(), &s, &mut rng) as usize] = true;
+        }
+        assert_eq!(seen, [false, true, false, true]);
         // full distribution: frequencies follow softmax
         let s = Sampling { temperature: 1.0, top_p: 1.0, seed: 0 };
         let mut counts = [0usize; 4];
