@@ -1,6 +1,7 @@
 //! Named f32 tensors to and from safetensors bytes: adapters, gradient
 //! dumps and optimizer commits all use this. Reading accepts f32, f16 and
 //! bf16 (PEFT saves in the model's dtype) and converts to f32.
+use crate::model::source::RawTensor;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -59,15 +60,13 @@ impl TensorFile {
     }
 }
 
+/// Decodes through the model loader's converter, so f16/bf16 are read by
+/// one piece of code whichever file they come from.
 fn to_f32(view: &TensorView<'_>) -> std::result::Result<Vec<f32>, String> {
-    let b = view.data();
-    let v: Vec<f32> = match view.dtype() {
-        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        other => return Err(format!("dtype {other:?} is not supported (f32, f16, bf16 are)")),
-    };
-    Ok(v)
+    let dtype = crate::model::hf_dir::float_dtype(view.dtype())
+        .ok_or_else(|| format!("dtype {:?} is not supported (f32, f16, bf16 are)", view.dtype()))?;
+    let raw = RawTensor { name: String::new(), dtype, shape: view.shape().to_vec(), bytes: view.data() };
+    raw.to_f32().map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -114,22 +114,29 @@ impl TensorSource for HfDir {
         let entry = self.entries.get(name).ok_or_else(|| {
             Error::format(self.dir.display().to_string(), format!("missing tensor {name}"))
         })?;
-        let dtype = match entry.dtype {
-            ::safetensors::Dtype::F32 => DType::F32,
-            ::safetensors::Dtype::F16 => DType::F16,
-            ::safetensors::Dtype::BF16 => DType::BF16,
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "tensor {name} has safetensors dtype {other:?} (only F32, F16, BF16 are read)"
-                )))
-            }
-        };
+        let dtype = float_dtype(entry.dtype).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "tensor {name} has safetensors dtype {:?} (only F32, F16, BF16 are read)",
+                entry.dtype
+            ))
+        })?;
         Ok(RawTensor {
             name: name.to_string(),
             dtype,
             shape: entry.shape.clone(),
             bytes: &self.shards[entry.shard][entry.start..entry.end],
         })
+    }
+}
+
+/// Our [`DType`] for a safetensors float dtype; `None` for the types hexlora
+/// does not read (integers, f64, f8).
+pub(crate) fn float_dtype(dtype: ::safetensors::Dtype) -> Option<DType> {
+    match dtype {
+        ::safetensors::Dtype::F32 => Some(DType::F32),
+        ::safetensors::Dtype::F16 => Some(DType::F16),
+        ::safetensors::Dtype::BF16 => Some(DType::BF16),
+        _ => None,
     }
 }
 
