@@ -79,4 +79,24 @@ pub trait Projection: Send + Sync {
     /// Computes the product for `tokens` rows of `input` into `out`
     /// (overwritten). See the module docs for shapes.
     fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()>;
+
+    /// Like [`Projection::apply`], and runs `side` (CPU work that does not
+    /// need `out`, e.g. the LoRA branch) while the product is computed.
+    ///
+    /// The default runs `side` first, then the product, on this thread. A
+    /// projection served elsewhere (the NPU service) sends its request,
+    /// runs `side` while the request is in flight, then waits: the overlap
+    /// the split runtime measures. `side` runs exactly once either way, so
+    /// results do not depend on which implementation serves the product.
+    fn apply_overlapped(
+        &self,
+        dir: Direction,
+        input: &[f32],
+        tokens: usize,
+        out: &mut [f32],
+        side: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        side()?;
+        self.apply(dir, input, tokens, out)
+    }
 }

@@ -16,6 +16,7 @@ use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
 use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::cpu_projection::CpuProjection;
+use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
 use crate::model::source::TensorSource;
 use crate::ops::attention::AttnDims;
@@ -62,14 +63,19 @@ impl DecoderGraph {
     /// Loads every tensor of `cfg`'s architecture from `src` with CPU f32
     /// projections. Qwen3.5 (Gated DeltaNet) is not wired into training yet.
     pub fn load(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Self> {
+        Self::load_with(src, cfg, &crate::model::decoder::cpu_projection)
+    }
+
+    /// Like [`DecoderGraph::load`], with `make` building every per-layer
+    /// frozen projection (the split runtime passes one that routes to the
+    /// NPU service). The vocabulary head stays on the CPU.
+    pub fn load_with(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>) -> Result<Self> {
         if cfg.arch == Arch::Qwen35 || cfg.layer_types.iter().any(|k| *k != LayerKind::FullAttention) {
             return Err(Error::Unsupported("training Qwen3.5 (Gated DeltaNet layers) is not implemented yet".into()));
         }
         let desc = Descriptor::new(&cfg);
         desc.check(src)?;
-        let proj = |info: &ProjectionInfo| -> Result<Arc<dyn Projection>> {
-            Ok(Arc::new(CpuProjection::from_raw(info.clone(), &src.get(&format!("{}.weight", info.name))?)?))
-        };
+        let proj = |info: &ProjectionInfo| -> Result<Arc<dyn Projection>> { make(info.clone(), &src.get(&format!("{}.weight", info.name))?) };
         let mut layers = Vec::new();
         for (l, ld) in desc.layers.iter().enumerate() {
             let p: Vec<Arc<dyn Projection>> = ld.projections.iter().map(proj).collect::<Result<_>>()?;
