@@ -3,7 +3,7 @@
 use super::pass::Op;
 use super::tile_mut as tile_at;
 use super::KernelError;
-use crate::dma::{push_copy, Copy2d, Ticket};
+use crate::dma::{push_copy, Copy2d};
 use crate::hvx;
 use hexlora_proto::f16::to_f16;
 use hexlora_proto::rescale::{retry_exponent, row_exponent, scale_pow2};
@@ -28,11 +28,11 @@ pub(super) fn runs(rows: &[u32]) -> impl Iterator<Item = (usize, u32, usize)> + 
 /// Input rows staged in VTCM at a time (f32, full width).
 pub(super) const STAGE_ROWS: usize = 8;
 
-/// Moves the chunk's input rows into VTCM, one token block at a time, and
+/// Moves the group's input rows into VTCM, one token block at a time, and
 /// converts each row to FP16 tiles at its scale `2^k` (k lowered by 8 per
 /// retry). Fails on the first NaN or infinity.
-pub(super) fn stage_chunk(op: &mut Op<'_>, chunk: &[u32], retry: u32) -> Result<(), KernelError> {
-    for (tb, block) in chunk.chunks(32).enumerate() {
+pub(super) fn stage_group(op: &mut Op<'_>, group: &[u32], retry: u32) -> Result<(), KernelError> {
+    for (tb, block) in group.chunks(32).enumerate() {
         for (part, rows) in block.chunks(STAGE_ROWS).enumerate() {
             stage_rows(op, rows)?;
             for (i, &token) in rows.iter().enumerate() {
@@ -79,7 +79,6 @@ fn stage_rows(op: &mut Op<'_>, rows: &[u32]) -> Result<(), KernelError> {
 /// `2^k`: staged row `staged`, or zeros (padding rows).
 fn convert_row(op: &mut Op<'_>, tb: usize, r: usize, staged: Option<usize>, k: i32) {
     let d = op.plan.d;
-    op.v.flags[tb * 32 + r] = 0;
     op.v.exps[tb * 32 + r] = k;
     for db in 0..op.plan.db {
         let tile = tile_at(op.v.act, tb * op.plan.db + db);
@@ -107,41 +106,38 @@ fn row_scale(row: &[f32], token: u32, retry: u32) -> Result<i32, KernelError> {
     Ok(retry_exponent(row_exponent(max), retry))
 }
 
-/// Unscales stripe `s` of every token block into the output staging tiles
-/// and DMAs them to the output rows.
-pub(super) fn write_stripe(op: &mut Op<'_>, chunk: &[u32], s: usize) {
+/// Unscales output tile `(token block tb of the group, stripe s)` into a
+/// staging tile and DMAs it to the output rows of `block`; the two staging
+/// tiles alternate, so one drains while the next is filled.
+pub(super) fn write_tile(op: &mut Op<'_>, block: &[u32], tb: usize, s: usize) {
     let o = op.plan.o;
     let cols = (o - s * 32).min(32);
     let swapped = op.plan.precision == super::Precision::Q8_0 && op.plan.direction == super::Direction::InputGrad;
-    let mut pending: [Option<Ticket>; 2] = [None, None];
-    for (tb, block) in chunk.chunks(32).enumerate() {
-        let slot = tb % 2;
-        if let Some(t) = pending[slot].take() {
-            op.dma.wait(t);
-        }
-        let acc = &op.v.acc[tb * 1024..(tb + 1) * 1024];
-        let out = &mut *op.v.out[slot];
-        for r in 0..block.len() {
-            let k = op.v.exps[tb * 32 + r];
-            for c in 0..cols {
-                let y = if swapped { acc[c * 32 + r] } else { acc[r * 32 + c] };
-                out[r * 32 + c] = scale_pow2(y, -k);
-            }
-        }
-        for (pos, row, len) in runs(block) {
-            let c = Copy2d {
-                src: out[pos * 32..].as_ptr() as *const u8,
-                dst: op.output[row as usize * o + s * 32..].as_mut_ptr() as *mut u8,
-                width: cols * 4,
-                height: len,
-                src_stride: 128,
-                dst_stride: o * 4,
-            };
-            // SAFETY: the staging tile is not rewritten before this ticket is
-            // waited for (two slots, waited above), and the output rows are
-            // not otherwise touched while the op runs.
-            pending[slot] = unsafe { push_copy(&mut *op.dma, c, &mut op.stats.dma_output_bytes) };
+    let slot = op.out_slot;
+    op.out_slot ^= 1;
+    if let Some(t) = op.out_pending[slot].take() {
+        op.dma.wait(t);
+    }
+    let out = &mut *op.v.out[slot];
+    for r in 0..block.len() {
+        let k = op.v.exps[tb * 32 + r];
+        for c in 0..cols {
+            let y = if swapped { op.v.acc[c * 32 + r] } else { op.v.acc[r * 32 + c] };
+            out[r * 32 + c] = scale_pow2(y, -k);
         }
     }
-    op.dma.wait_all();
+    for (pos, row, len) in runs(block) {
+        let c = Copy2d {
+            src: out[pos * 32..].as_ptr() as *const u8,
+            dst: op.output[row as usize * o + s * 32..].as_mut_ptr() as *mut u8,
+            width: cols * 4,
+            height: len,
+            src_stride: 128,
+            dst_stride: o * 4,
+        };
+        // SAFETY: the staging tile is not rewritten before this ticket is
+        // waited for (two slots, waited above), and the output rows are not
+        // otherwise touched while the op runs.
+        op.out_pending[slot] = unsafe { push_copy(&mut *op.dma, c, &mut op.stats.dma_output_bytes) }.or(op.out_pending[slot]);
+    }
 }

@@ -10,6 +10,25 @@
 //!   [`dequantize_tile`] as forward, so both directions multiply bit-identical
 //!   effective weights.
 //!
+//! Loop order ([`plan`], `pass.rs`): windows of consecutive stripes stream
+//! through VTCM in the outer loop, double-buffered, so every byte of W is
+//! DMA'd exactly once per op whatever the token count (retried rows cost one
+//! more pass each). The token side stays resident in VTCM when it fits next
+//! to the windows, and is otherwise re-read from the f32 input and re-scaled
+//! for every window (deterministically, so identically). Every output
+//! element is reduced in full inside one window in an FP32 accumulator tile,
+//! reduction tiles in order `0..db`: results do not depend on the VTCM size
+//! or the token count.
+//!
+//! Known gaps, documented rather than modelled: with one in-order DMA queue
+//! (the software engine, one UDMA channel) the first token staging of a
+//! window waits for the next window's prefetch, so streaming mode overlaps
+//! less than the plan's model assumes; a second channel would fix that. The
+//! service copies resident weights into the firmware heap when they are
+//! loaded (a device build would map the client's buffer instead), and the
+//! VTCM stand-in ([`crate::vtcm::VtcmRegion`]) is heap memory everywhere but
+//! a device, so nothing here measures VTCM bandwidth.
+//!
 //! Shapes (row-major f32 at the interface): `W (rows, cols)`;
 //! forward `X (tokens, cols) -> Y (tokens, rows)`;
 //! input-gradient `dY (tokens, rows) -> dX (tokens, cols)`.
@@ -163,7 +182,8 @@ pub struct RunStats {
     pub dma_output_bytes: u64,
     /// VTCM bytes the op occupied.
     pub vtcm_bytes: usize,
-    /// Passes over W (chunks of the first pass plus retry chunks).
+    /// Passes over W: 1, plus one per retry level that had rows to re-send.
+    /// Each pass DMAs every byte of W once.
     pub weight_passes: u32,
 }
 

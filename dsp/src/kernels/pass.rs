@@ -1,5 +1,7 @@
-//! One pass of an op over a list of token rows: stage a chunk of rows, stream
-//! every stripe of W past it, write the outputs; repeat per chunk.
+//! One pass of an op over a list of token rows: W windows outside, token
+//! groups inside. Each window of W is DMA'd once per pass (the next one
+//! streams while the current one is used); the token side is staged once if
+//! it all stays resident, else once per window, one group at a time.
 use super::activations;
 use super::{forward, input_grad, tile_ref, Direction, Engines, KernelError, Plan, Precision, ResidentWeight, RunStats};
 use crate::dma::{DmaEngine, Ticket};
@@ -13,20 +15,20 @@ use hexlora_proto::rescale::needs_retry;
 pub(super) struct Vtcm<'a> {
     /// f32 input rows being converted, `(STAGE_ROWS, d)`.
     pub stage: &'a mut [f32],
-    /// Activation tiles of the chunk, `(chunk/32, db)` tiles: activation
+    /// Token tiles of the group, `(group_blocks, db)` tiles: activation
     /// layout, or (Q8 input-gradient) weight layout of `dY^T`.
     pub act: &'a mut [f16],
-    /// Scale exponent of each chunk row.
+    /// Scale exponent of each group row, `(group_blocks * 32)`.
     pub exps: &'a mut [i32],
-    /// Overflow flag of each chunk row.
+    /// Overflow flag of each row of the pass, `(ceil32(tokens))`.
     pub flags: &'a mut [u8],
-    /// Accumulator tiles of one stripe, `(chunk/32)` tiles.
+    /// One accumulator tile.
     pub acc: &'a mut [f32],
     /// Two f32 output staging tiles.
     pub out: [&'a mut [f32]; 2],
-    /// Two raw weight windows.
+    /// Two raw W windows, `(window_stripes, stripe_window_bytes)` bytes each.
     pub windows: [&'a mut [u8]; 2],
-    /// Dequantized tiles of one stripe (Q8 only), `db` tiles.
+    /// Dequantized tiles of one window (Q8 only), `(window_stripes, db)`.
     pub dequant: &'a mut [f16],
 }
 
@@ -40,6 +42,10 @@ pub(super) struct Op<'a> {
     pub tiles: &'a mut dyn TileEngine,
     pub v: Vtcm<'a>,
     pub stats: RunStats,
+    /// Output DMAs in flight from each staging tile.
+    pub out_pending: [Option<Ticket>; 2],
+    /// Staging tile the next output tile goes to.
+    pub out_slot: usize,
 }
 
 impl<'a> Op<'a> {
@@ -52,20 +58,20 @@ impl<'a> Op<'a> {
         eng: &'a mut Engines<'_>,
     ) -> Result<Op<'a>, KernelError> {
         let mut arena = eng.vtcm.arena();
-        let chunk = plan.chunk_tokens;
-        let dequant_tiles = if plan.precision == Precision::Q8_0 { plan.db } else { 0 };
+        let group = plan.group_blocks * 32;
+        let dequant_tiles = if plan.precision == Precision::Q8_0 { plan.window_stripes * plan.db } else { 0 };
         let v = Vtcm {
             stage: arena.alloc(super::activations::STAGE_ROWS * plan.d)?,
-            act: arena.alloc(chunk * plan.db * 32)?,
-            exps: arena.alloc(chunk)?,
-            flags: arena.alloc(chunk)?,
-            acc: arena.alloc(chunk * 32)?,
+            act: arena.alloc(group * plan.db * 32)?,
+            exps: arena.alloc(group)?,
+            flags: arena.alloc(plan.tokens.div_ceil(32) * 32)?,
+            acc: arena.alloc(TILE_ELEMS)?,
             out: [arena.alloc(TILE_ELEMS)?, arena.alloc(TILE_ELEMS)?],
             windows: [arena.alloc(plan.window_bytes())?, arena.alloc(plan.window_bytes())?],
             dequant: arena.alloc(dequant_tiles * TILE_ELEMS)?,
         };
         let stats = RunStats { vtcm_bytes: arena.used(), ..RunStats::default() };
-        Ok(Op { plan, w, input, output, dma: eng.dma, tiles: eng.tiles, v, stats })
+        Ok(Op { plan, w, input, output, dma: eng.dma, tiles: eng.tiles, v, stats, out_pending: [None; 2], out_slot: 0 })
     }
 
     /// Tile products issued since `before`.
@@ -79,74 +85,122 @@ impl<'a> Op<'a> {
         self.plan.precision == Precision::Q8_0 && self.plan.direction == Direction::InputGrad
     }
 
-    /// Runs `rows` (ascending token indices) at retry level `retry`; returns
-    /// the rows whose partial sums overflowed.
+    /// Runs `rows` (ascending token indices) at retry level `retry`, one pass
+    /// over W; returns the rows whose partial sums overflowed.
     pub fn run(&mut self, rows: &[u32], retry: u32) -> Result<Vec<u32>, KernelError> {
-        let mut flagged = Vec::new();
-        for chunk in rows.chunks(self.plan.chunk_tokens) {
-            self.stats.weight_passes += 1;
-            activations::stage_chunk(self, chunk, retry)?;
-            self.stream_stripes(chunk);
-            for (i, &row) in chunk.iter().enumerate() {
-                if self.v.flags[i] != 0 {
-                    flagged.push(row);
-                }
-            }
+        self.stats.weight_passes += 1;
+        self.v.flags[..rows.len()].fill(0);
+        let group = self.plan.group_blocks * 32;
+        let resident = rows.len() <= group;
+        if resident {
+            activations::stage_group(self, rows, retry)?;
         }
-        Ok(flagged)
-    }
-
-    /// Pushes the DMA of stripe `s` into window `slot`.
-    fn fetch(&mut self, s: usize, slot: usize) -> Option<Ticket> {
-        let win = &mut *self.v.windows[slot];
-        let bytes = &mut self.stats.dma_weight_bytes;
-        // SAFETY: `win` is not touched until the ticket is waited for (the
-        // other window is the one in use), and W outlives the op.
-        unsafe {
-            match self.plan.direction {
-                Direction::Forward => forward::fetch(&self.plan, &self.w, s, win, &mut *self.dma, bytes),
-                Direction::InputGrad => input_grad::fetch(&self.plan, &self.w, s, win, &mut *self.dma, bytes),
-            }
-        }
-    }
-
-    /// Streams every stripe of W past the staged chunk, double-buffered.
-    fn stream_stripes(&mut self, chunk: &[u32]) {
-        let blocks = chunk.len().div_ceil(32);
-        let mut next = self.fetch(0, 0);
-        for s in 0..self.plan.ob {
+        let mut next = self.fetch_window(0, 0);
+        for win in 0..self.plan.windows {
             if let Some(t) = next {
                 self.dma.wait(t);
             }
-            next = if s + 1 < self.plan.ob { self.fetch(s + 1, (s + 1) % 2) } else { None };
-            self.multiply_stripe(s, blocks);
-            activations::write_stripe(self, chunk, s);
+            next = if win + 1 < self.plan.windows { self.fetch_window(win + 1, (win + 1) % 2) } else { None };
+            self.build_window(win);
+            for (g, rows_g) in rows.chunks(group).enumerate() {
+                if !resident {
+                    if let Err(e) = activations::stage_group(self, rows_g, retry) {
+                        // The next window may still be in flight into VTCM.
+                        self.dma.wait_all();
+                        return Err(e);
+                    }
+                }
+                self.multiply_group(win, rows_g, g * group);
+            }
         }
         self.dma.wait_all();
+        Ok(rows.iter().zip(self.v.flags.iter()).filter(|(_, &f)| f != 0).map(|(&r, _)| r).collect())
     }
 
-    /// Builds stripe `s`'s tiles and accumulates it against every token block.
-    fn multiply_stripe(&mut self, s: usize, blocks: usize) {
-        let plan = self.plan;
-        let swapped = self.swapped();
-        let win = &mut *self.v.windows[s % 2];
-        let wtiles: &[f16] = match plan.direction {
-            Direction::Forward => forward::build(&plan, s, win, self.v.dequant),
-            Direction::InputGrad => input_grad::build(&plan, win, self.v.dequant),
-        };
-        self.v.acc[..blocks * TILE_ELEMS].fill(0.0);
-        for db in 0..plan.db {
-            let w = tile_ref(wtiles, db);
-            for tb in 0..blocks {
-                let acc: &mut AccTile = (&mut self.v.acc[tb * TILE_ELEMS..(tb + 1) * TILE_ELEMS]).try_into().unwrap();
-                let a = tile_ref(self.v.act, tb * plan.db + db);
-                if swapped {
-                    self.tiles.mac(acc, w, a);
-                } else {
-                    self.tiles.mac(acc, a, w);
+    /// Stripes of window `win`: `(first stripe, count)`.
+    fn window_stripes(&self, win: usize) -> (usize, usize) {
+        let first = win * self.plan.window_stripes;
+        (first, self.plan.window_stripes.min(self.plan.ob - first))
+    }
+
+    /// Pushes the DMA of window `win` into buffer `slot`, one stripe after
+    /// another; returns the last ticket.
+    fn fetch_window(&mut self, win: usize, slot: usize) -> Option<Ticket> {
+        let (first, count) = self.window_stripes(win);
+        let sb = self.plan.stripe_window_bytes();
+        let mut last = None;
+        for k in 0..count {
+            let stripe = &mut self.v.windows[slot][k * sb..(k + 1) * sb];
+            let bytes = &mut self.stats.dma_weight_bytes;
+            // SAFETY: the window is not touched until the ticket is waited
+            // for (the other window is the one in use), and W outlives the op.
+            let t = unsafe {
+                match self.plan.direction {
+                    Direction::Forward => forward::fetch(&self.plan, &self.w, first + k, stripe, &mut *self.dma, bytes),
+                    Direction::InputGrad => {
+                        input_grad::fetch(&self.plan, &self.w, first + k, stripe, &mut *self.dma, bytes)
+                    }
                 }
-                flag_overflow(acc, swapped, &mut self.v.flags[tb * 32..(tb + 1) * 32]);
+            };
+            last = t.or(last);
+        }
+        last
+    }
+
+    /// Builds the tiles of every stripe of the fetched window `win` (in
+    /// place for FP16, into `dequant` for Q8_0), once per pass.
+    fn build_window(&mut self, win: usize) {
+        let (first, count) = self.window_stripes(win);
+        let (plan, sb, tiles) = (self.plan, self.plan.stripe_window_bytes(), self.plan.db * TILE_ELEMS);
+        let raw = &mut *self.v.windows[win % 2];
+        for k in 0..count {
+            let stripe = &mut raw[k * sb..(k + 1) * sb];
+            let start = (k * tiles).min(self.v.dequant.len()); // FP16: empty
+            let dequant = &mut self.v.dequant[start..];
+            match plan.direction {
+                Direction::Forward => forward::build(&plan, first + k, stripe, dequant),
+                Direction::InputGrad => input_grad::build(&plan, stripe, dequant),
+            };
+        }
+    }
+
+    /// Multiplies the staged group (`rows`, starting at position `pos` of
+    /// the pass) by every stripe of window `win` and writes the outputs.
+    fn multiply_group(&mut self, win: usize, rows: &[u32], pos: usize) {
+        let (first, count) = self.window_stripes(win);
+        for k in 0..count {
+            for (tb, block) in rows.chunks(32).enumerate() {
+                self.multiply_tile(win, k, tb, pos + tb * 32);
+                activations::write_tile(self, block, tb, first + k);
             }
+        }
+    }
+
+    /// Accumulates output tile `(token block tb, stripe k of window win)`
+    /// over the whole reduction, in order `0..db`, and flags overflowing rows.
+    fn multiply_tile(&mut self, win: usize, k: usize, tb: usize, pos: usize) {
+        let (db_count, swapped) = (self.plan.db, self.swapped());
+        let acc: &mut AccTile = (&mut *self.v.acc).try_into().unwrap();
+        acc.fill(0.0);
+        let n = db_count * TILE_ELEMS;
+        // Split borrows: the window tiles are read while acc/flags are written.
+        let wtiles: &[f16] = match self.plan.precision {
+            Precision::Fp16 => {
+                let sb = self.plan.stripe_window_bytes();
+                bytemuck::cast_slice(&self.v.windows[win % 2][k * sb..k * sb + n * 2])
+            }
+            Precision::Q8_0 => &self.v.dequant[k * n..(k + 1) * n],
+        };
+        let flags = &mut self.v.flags[pos..pos + 32];
+        for db in 0..db_count {
+            let w = tile_ref(wtiles, db);
+            let a = tile_ref(self.v.act, tb * db_count + db);
+            if swapped {
+                self.tiles.mac(acc, w, a);
+            } else {
+                self.tiles.mac(acc, a, w);
+            }
+            flag_overflow(acc, swapped, flags);
         }
     }
 

@@ -21,13 +21,14 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Any shape (padding everywhere), either direction, either precision,
-    /// with VTCM so small that several chunks are needed: every output
-    /// element within the f64 bound, W streamed exactly once per chunk, and
-    /// the VTCM used never above the plan or the capacity.
+    /// with VTCM so small that one token block and 1-3 stripes fit: every
+    /// output element within the f64 bound, every byte of W DMA'd exactly
+    /// once, the input once per window, and the VTCM used never above the
+    /// plan or the capacity.
     #[test]
-    fn tiled_ops_match_reference_and_stream_w_once_per_chunk(
+    fn tiled_ops_match_reference_and_stream_w_exactly_once(
         rows in 1usize..96, cols32 in 1usize..4, extra in 0usize..31, tokens in 1usize..100,
-        forward in any::<bool>(), q8 in any::<bool>(), seed in any::<u64>(),
+        stripes in 1usize..4, forward in any::<bool>(), q8 in any::<bool>(), seed in any::<u64>(),
     ) {
         let cols = if q8 { cols32 * 32 } else { cols32 * 32 - extra.min(cols32 * 32 - 1) };
         let mut rng = Rng(seed);
@@ -38,24 +39,31 @@ proptest! {
         let w = if q8 { ResidentWeight::q8_0(&wq, rows, cols) } else { ResidentWeight::fp16(&w16, rows, cols) }.unwrap();
         let d = if forward { cols } else { rows };
         let x = rng.vec(tokens * d, 4.0);
-        // Room for the fixed buffers plus exactly one 32-token block.
-        let probe = Plan::new(w.precision(), dir(forward), rows, cols, 32, 1 << 30).unwrap();
-        let capacity = probe.fixed_bytes() + 32 * probe.per_token_bytes() + super::plan::VTCM_BUFFERS * 128;
+        let probe = Plan::new(w.precision(), dir(forward), rows, cols, tokens, 1 << 30).unwrap();
+        let capacity = probe.fixed_bytes() + probe.block_bytes() + stripes * probe.stripe_bytes()
+            + super::plan::VTCM_BUFFERS * 128;
         let plan = Plan::new(w.precision(), dir(forward), rows, cols, tokens, capacity).unwrap();
-        prop_assert_eq!(plan.chunk_tokens, 32);
+        prop_assert!(plan.window_stripes <= stripes);
+        // Streams tokens unless one group holds them all (ob <= stripes can
+        // leave room for more blocks).
+        prop_assert!(plan.tokens_resident || plan.group_blocks * 32 < tokens);
         let (got, stats) = Bench::new(capacity).run(&w, dir(forward), tokens, &x).unwrap();
         let (y, bound) = reference(&w, dir(forward), tokens, &x);
         prop_assert!(first_violation(&got, &y, &bound).is_none(), "{:?}", first_violation(&got, &y, &bound));
         prop_assert_eq!(stats.rows_retried, 0);
-        prop_assert_eq!(stats.weight_passes as usize, plan.chunks);
-        prop_assert_eq!(stats.dma_weight_bytes as usize, plan.weight_bytes() * plan.chunks);
-        prop_assert_eq!(stats.dma_input_bytes as usize, tokens * d * 4);
+        prop_assert_eq!(stats.weight_passes, 1);
+        let w_bytes = if q8 { wq.len() } else { w16.len() * 2 };
+        prop_assert_eq!(stats.dma_weight_bytes as usize, w_bytes);
+        prop_assert_eq!(plan.weight_dma_bytes(), w_bytes);
+        prop_assert_eq!(stats.dma_input_bytes as usize, plan.input_passes() * tokens * d * 4);
+        prop_assert_eq!(stats.dma_output_bytes as usize, plan.dma_out_bytes());
         prop_assert_eq!(stats.tile_products as usize, plan.tile_products());
         prop_assert!(stats.vtcm_bytes <= plan.vtcm_bytes() && plan.vtcm_bytes() <= capacity);
     }
 
-    /// The chunk is a multiple of 32, never more than the tokens need, and
-    /// the plan fits the capacity whenever it succeeds.
+    /// Windows cover every stripe with none empty, token groups are never
+    /// empty, `tokens_resident` says whether the groups hold every token,
+    /// and the plan fits the capacity whenever it succeeds.
     #[test]
     fn plans_fit_their_capacity(
         rows in 1usize..20000, cols in 1usize..20000, tokens in 1usize..5000,
@@ -64,10 +72,12 @@ proptest! {
         let cols = if q8 { cols.div_ceil(32) * 32 } else { cols };
         let p = if q8 { Precision::Q8_0 } else { Precision::Fp16 };
         if let Ok(plan) = Plan::new(p, dir(forward), rows, cols, tokens, capacity) {
-            prop_assert_eq!(plan.chunk_tokens % 32, 0);
-            prop_assert!(plan.chunk_tokens < tokens + 32);
+            prop_assert!(plan.window_stripes >= 1 && plan.group_blocks >= 1);
+            prop_assert!(plan.windows * plan.window_stripes >= plan.ob);
+            prop_assert!((plan.windows - 1) * plan.window_stripes < plan.ob);
+            prop_assert!(plan.group_blocks <= tokens.div_ceil(32));
+            prop_assert_eq!(plan.tokens_resident, plan.group_blocks * 32 >= tokens);
             prop_assert!(plan.vtcm_bytes() <= capacity);
-            prop_assert_eq!(plan.chunks, tokens.div_ceil(plan.chunk_tokens));
         }
     }
 
