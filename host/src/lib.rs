@@ -9,6 +9,8 @@
 //! - [`autograd`]: the append-only tape and its fused nodes;
 //! - [`lora`], [`optim`], [`train`]: adapters, optimizers, the training loop;
 //! - [`npu`]: kernel planner, NPU client and transports;
+//! - [`runtime`]: the split runtime's job layer (planner, routing, pacing,
+//!   signals, energy);
 //! - [`eval`]: benchmarks, metrics, methods; [`hyper`]: the hypernetwork;
 //! - [`cli`]: the `hexlora` subcommands.
 pub mod autograd;
@@ -22,6 +24,7 @@ pub mod npu;
 pub mod ops;
 pub mod optim;
 pub mod projection;
+pub mod runtime;
 pub mod tensor;
 pub mod train;
 

@@ -81,7 +81,14 @@ pub struct RunOptions<'a> {
 
 /// Runs (or resumes) training into `out`: `commit.safetensors` after every
 /// step, `metrics.jsonl`, and at the end `adapter/` (PEFT) and `loss.svg`.
-pub fn train(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, out: &Path, mut run: RunOptions<'_>) -> Result<TrainState> {
+pub fn train(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, out: &Path, run: RunOptions<'_>) -> Result<TrainState> {
+    train_paced(model, data, config, out, run, &mut |_| true)
+}
+
+/// [`train`] with `before_step(next_step)` called at every optimizer-step
+/// boundary, after the previous commit: it may block (thermal pacing) and
+/// returns false to end the run there (a stop signal), resumable later.
+pub fn train_paced(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, out: &Path, mut run: RunOptions<'_>, before_step: &mut dyn FnMut(u64) -> bool) -> Result<TrainState> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let fp = fingerprint(config, data);
     let mut state = match TrainState::load(out)? {
@@ -100,11 +107,12 @@ pub fn train(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, o
         recompute_layers: budget::plan_recompute(model.layer_count(), per_layer, budget::budget(config.activation_cap)),
         head_chunk: config.head_chunk,
         loss_denominator: None,
+        ..Default::default()
     };
     let total = config.schedule.total;
     let bar = run.progress.then(|| progress_bar(total, state.step()));
     let mut done_here = 0;
-    while state.step() < total && run.stop_after.is_none_or(|n| done_here < n) {
+    while state.step() < total && run.stop_after.is_none_or(|n| done_here < n) && before_step(state.step() + 1) {
         let record = step(model, data, config, &opts, &mut state)?;
         state.history.push(record.clone());
         state.commit(out)?;

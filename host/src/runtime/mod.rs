@@ -1,0 +1,11 @@
+//! The split runtime around the training loop: which frozen projections the
+//! DSP serves ([`planner`], [`routed`]), when to pause ([`pacing`]), how to
+//! stop cleanly ([`signals`]) and what a run cost ([`energy`]).
+//!
+//! Everything here talks to the DSP only through [`crate::projection::Projection`],
+//! so the NPU client (any transport) and the CPU path are interchangeable.
+pub mod energy;
+pub mod pacing;
+pub mod planner;
+pub mod routed;
+pub mod signals;
