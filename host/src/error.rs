@@ -51,6 +51,19 @@ pub enum Error {
     /// The NPU service answered with an error or could not be reached.
     #[error("npu: {0}")]
     Npu(String),
+    /// The NPU service cannot run this (shape, precision, VTCM size): the
+    /// caller keeps the CPU path for it.
+    #[error("npu does not support {0}")]
+    NpuNoSupport(String),
+    /// The NPU service crashed or hung and did not recover after
+    /// `restarts` restarts: the caller falls back to the CPU.
+    #[error("npu service failed after {restarts} restarts (last: {last}); falling back to the CPU is required")]
+    NpuFailed {
+        /// Restarts tried for the failing request.
+        restarts: u32,
+        /// The last fault or restart error.
+        last: String,
+    },
 }
 
 /// Result with the host [`Error`].

@@ -68,10 +68,16 @@ impl Resident {
 }
 
 /// The service state of one session.
+///
+/// It is `Send` without any `unsafe impl`: the DMA engine, whose queued
+/// descriptors hold raw pointers into the call's buffers, is not part of the
+/// state but created per request in [`ProjectionService::serve`] (its queue
+/// is empty again when `kernels::project` returns), and [`VtcmRegion`] is
+/// uniquely owned memory. The skel keeps sessions in a static shared by the
+/// FastRPC threads, which needs exactly this.
 pub struct ProjectionService {
     resident: heapless::Vec<Resident, MAX_PROJECTIONS>,
     vtcm: VtcmRegion,
-    dma: SoftwareDma,
     tiles: SoftwareTiles,
     arch: u16,
 }
@@ -83,7 +89,6 @@ impl ProjectionService {
         Some(ProjectionService {
             resident: heapless::Vec::new(),
             vtcm: VtcmRegion::new(vtcm_bytes)?,
-            dma: SoftwareDma::new(),
             tiles: SoftwareTiles::new(),
             arch: build_arch(),
         })
@@ -165,7 +170,8 @@ impl ProjectionService {
             .map_err(|_| BufferError::Misaligned { buffer: op.output.buffer, offset: op.output.offset })?;
         let w = resident.weight().map_err(kernel_error)?;
         let start = cycles();
-        let mut eng = Engines { dma: &mut self.dma, tiles: &mut self.tiles, vtcm: &mut self.vtcm };
+        let mut dma = SoftwareDma::new();
+        let mut eng = Engines { dma: &mut dma, tiles: &mut self.tiles, vtcm: &mut self.vtcm };
         let stats = kernels::project(&mut eng, &w, op.direction, op.tokens as usize, input, output).map_err(kernel_error)?;
         Ok(op_result(op.seq, &stats, cycles().wrapping_sub(start)))
     }
@@ -240,4 +246,11 @@ fn build_arch() -> u16 {
     }
 }
 
+pub mod mailbox;
 pub mod selftests;
+
+/// Compile-time proof of the `Send` claim above.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<ProjectionService>();
+};
