@@ -4,9 +4,11 @@
 //! - [`tape`]: the append-only arena of values and nodes;
 //! - [`nodes`]: the one list of node kinds, their builders and backwards;
 //! - `backward.rs`: the one reverse walk;
+//! - [`gdn_node`]: Qwen3.5's fused nodes (Gated DeltaNet, attention gate);
 //! - [`profile`]: per-node-kind timings for benchmarks;
 //! - [`counter_rng`]: seed-addressed random numbers (dropout, MeZO).
 mod backward;
+pub mod gdn_node;
 pub mod counter_rng;
 pub mod nodes;
 pub mod profile;

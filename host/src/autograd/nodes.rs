@@ -50,6 +50,9 @@ pub(crate) enum NodeKind {
     /// Saves nothing but the function: the backward reruns it on a private
     /// tape and back-propagates there.
     Segment { f: SegmentFn },
+    /// Qwen3.5's fused nodes (Gated DeltaNet recurrence, attention output
+    /// gate); inputs and saved buffers are listed in `gdn_node.rs`.
+    Qwen35(super::gdn_node::Qwen35Node),
 }
 
 impl NodeKind {
@@ -65,6 +68,7 @@ impl NodeKind {
             NodeKind::Add => "add",
             NodeKind::HeadLoss { .. } => "head+loss",
             NodeKind::Segment { .. } => "segment",
+            NodeKind::Qwen35(n) => n.name(),
         }
     }
 
@@ -129,6 +133,7 @@ impl NodeKind {
                 })])
             }
             NodeKind::Segment { f } => segment_backward(f, inputs, dout, wanted),
+            NodeKind::Qwen35(n) => n.backward(inputs, &dout, wanted),
         }
     }
 }

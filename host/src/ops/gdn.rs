@@ -51,6 +51,41 @@ pub fn conv1d_causal_forward(out: &mut [f32], inp: &[f32], history: &[f32], weig
     }
 }
 
+/// Input gradient of [`conv1d_causal_forward`] at sequence start (zero
+/// history, which receives no gradient); the weight is frozen.
+///
+/// `dinp[s, c] = sum_j weight[c, j] * dout[s - j + K - 1, c]` over the
+/// outputs that exist. `dinp`, `dout`: `[T, C]`; `weight`: `[C, K]`.
+pub fn conv1d_causal_backward(dinp: &mut [f32], dout: &[f32], weight: &[f32], channels: usize) {
+    let kernel = weight.len() / channels;
+    assert_eq!(dinp.len(), dout.len(), "conv1d backward lengths");
+    let tokens = dout.len() / channels;
+    for s in 0..tokens {
+        let d = &mut dinp[s * channels..(s + 1) * channels];
+        d.fill(0.0);
+        for j in 0..kernel {
+            let t = s + kernel - 1 - j;
+            if t >= tokens {
+                continue;
+            }
+            let row = &dout[t * channels..(t + 1) * channels];
+            for c in 0..channels {
+                d[c] += weight[c * kernel + j] * row[c];
+            }
+        }
+    }
+}
+
+/// Input gradient of [`crate::ops::activation::silu_forward`]:
+/// `dinp = dout * sigmoid(x) * (1 + x * (1 - sigmoid(x)))`. All `[n]`.
+pub fn silu_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32]) {
+    assert!(dinp.len() == inp.len() && dout.len() == inp.len(), "silu backward lengths");
+    for ((d, &g), &x) in dinp.iter_mut().zip(dout).zip(inp) {
+        let s = sigmoid(x);
+        *d = g * s * (1.0 + x * (1.0 - s));
+    }
+}
+
 /// The `K - 1` input rows that precede the next piece: the tail of
 /// `history ++ inp`. `history`, result: `[K - 1, C]`.
 pub fn conv1d_next_history(history: &[f32], inp: &[f32], channels: usize) -> Vec<f32> {
@@ -76,6 +111,21 @@ pub fn l2norm_forward(out: &mut [f32], rnorm: &mut [f32], inp: &[f32], dim: usiz
     }
 }
 
+/// Input gradient of [`l2norm_forward`]:
+/// `dinp = r * dout - r^3 * inp * (inp . dout)` per row.
+///
+/// `dinp`, `dout`, `inp`: `[rows, dim]`; `rnorm`: `[rows]` from the forward.
+pub fn l2norm_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32], rnorm: &[f32], dim: usize) {
+    assert!(dinp.len() == inp.len() && dout.len() == inp.len() && rnorm.len() * dim == inp.len(), "l2norm backward lengths");
+    for (((di, dy), x), &r) in dinp.chunks_exact_mut(dim).zip(dout.chunks_exact(dim)).zip(inp.chunks_exact(dim)).zip(rnorm) {
+        let dot: f64 = dy.iter().zip(x).map(|(&g, &x)| g as f64 * x as f64).sum();
+        let c = (dot * (r as f64).powi(3)) as f32;
+        for ((d, &g), &x) in di.iter_mut().zip(dy).zip(x) {
+            *d = r * g - c * x;
+        }
+    }
+}
+
 /// Per-token, per-value-head decay (log space) and write strength:
 /// `g = -exp(A_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)`.
 ///
@@ -92,6 +142,28 @@ pub fn gdn_gates_forward(g: &mut [f32], beta: &mut [f32], a: &[f32], b: &[f32], 
     }
     for (bt, &bv) in beta.iter_mut().zip(b) {
         *bt = sigmoid(bv);
+    }
+}
+
+/// Input gradients of [`gdn_gates_forward`] (`A_log`, `dt_bias` frozen):
+/// `da = dg * -exp(A_log) * softplus'(a + dt_bias)` (softplus' = sigmoid,
+/// 1 above PyTorch's threshold 20), `db = dbeta * beta * (1 - beta)`.
+///
+/// `da`, `db`, `dg`, `dbeta`, `a`, `b`: `[T, n_v_head]`.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_gates_backward(da: &mut [f32], db: &mut [f32], dg: &[f32], dbeta: &[f32], a: &[f32], b: &[f32], a_log: &[f32], dt_bias: &[f32]) {
+    let heads = a_log.len();
+    assert!(da.len() == a.len() && db.len() == b.len() && dg.len() == a.len() && dbeta.len() == b.len(), "gdn gate backward lengths");
+    for ((da_t, dg_t), a_t) in da.chunks_exact_mut(heads).zip(dg.chunks_exact(heads)).zip(a.chunks_exact(heads)) {
+        for h in 0..heads {
+            let x = a_t[h] + dt_bias[h];
+            let slope = if x > 20.0 { 1.0 } else { sigmoid(x) };
+            da_t[h] = dg_t[h] * -a_log[h].exp() * slope;
+        }
+    }
+    for ((d, &g), &bv) in db.iter_mut().zip(dbeta).zip(b) {
+        let s = sigmoid(bv);
+        *d = g * s * (1.0 - s);
     }
 }
 
@@ -155,27 +227,8 @@ pub fn delta_rule_forward(
                 let q_t = &q[(t * n_k_head + kh) * k_dim..][..k_dim];
                 let k_t = &k[(t * n_k_head + kh) * k_dim..][..k_dim];
                 let v_t = &v[(t * n_v_head + h) * v_dim..][..v_dim];
-                let decay = g[t * n_v_head + h].exp();
-                let b = beta[t * n_v_head + h];
-                s.iter_mut().for_each(|x| *x *= decay);
-                // delta = b * (v - S^T k)
-                delta.copy_from_slice(v_t);
-                for (i, &ki) in k_t.iter().enumerate() {
-                    for (dj, &sij) in delta.iter_mut().zip(&s[i * v_dim..(i + 1) * v_dim]) {
-                        *dj -= sij * ki;
-                    }
-                }
-                delta.iter_mut().for_each(|x| *x *= b);
-                // S += k delta^T; o = S^T q * scale
-                let o_t = &mut o[t * v_dim..(t + 1) * v_dim];
-                for i in 0..k_dim {
-                    let row = &mut s[i * v_dim..(i + 1) * v_dim];
-                    let qi = q_t[i] * scale;
-                    for ((sij, &dj), oj) in row.iter_mut().zip(&delta).zip(o_t.iter_mut()) {
-                        *sij += k_t[i] * dj;
-                        *oj += *sij * qi;
-                    }
-                }
+                let (decay, b) = (g[t * n_v_head + h].exp(), beta[t * n_v_head + h]);
+                delta_token(s, &mut delta, &mut o[t * v_dim..(t + 1) * v_dim], q_t, k_t, v_t, decay, b, scale);
             }
             o
         })
@@ -185,6 +238,247 @@ pub fn delta_rule_forward(
             out[(t * n_v_head + h) * v_dim..][..v_dim].copy_from_slice(&o[t * v_dim..(t + 1) * v_dim]);
         }
     }
+}
+
+/// One token of one head: `S *= decay; delta = b (v - S^T k); S += k delta^T;
+/// o += S^T q * scale`. `s`: `[k_dim, v_dim]`; `o` must start at zero.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn delta_token(s: &mut [f32], delta: &mut [f32], o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], decay: f32, b: f32, scale: f32) {
+    let v_dim = v.len();
+    s.iter_mut().for_each(|x| *x *= decay);
+    delta.copy_from_slice(v);
+    for (i, &ki) in k.iter().enumerate() {
+        for (dj, &sij) in delta.iter_mut().zip(&s[i * v_dim..(i + 1) * v_dim]) {
+            *dj -= sij * ki;
+        }
+    }
+    delta.iter_mut().for_each(|x| *x *= b);
+    for (i, &ki) in k.iter().enumerate() {
+        let row = &mut s[i * v_dim..(i + 1) * v_dim];
+        let qi = q[i] * scale;
+        for ((sij, &dj), oj) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+            *sij += ki * dj;
+            *oj += *sij * qi;
+        }
+    }
+}
+
+/// [`delta_rule_forward`] from a zero state over one whole sequence, saving
+/// the f32 state before every `every`-token piece for the backward:
+/// `checkpoints: [ceil(T / every), n_v_head, k_dim, v_dim]` (the first is
+/// zeros). Same bits as one call, since pieces compose exactly.
+#[allow(clippy::too_many_arguments)]
+pub fn delta_rule_forward_checkpointed(
+    out: &mut [f32],
+    checkpoints: &mut Vec<f32>,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    d: DeltaDims,
+    every: usize,
+) {
+    let (nk, nv) = (d.n_k_head * d.k_dim, d.n_v_head * d.v_dim);
+    let tokens = g.len() / d.n_v_head;
+    let mut state = vec![0.0f32; d.n_v_head * d.k_dim * d.v_dim];
+    checkpoints.clear();
+    for t0 in (0..tokens).step_by(every) {
+        let t1 = (t0 + every).min(tokens);
+        checkpoints.extend_from_slice(&state);
+        let (hv, hk) = (t0 * d.n_v_head..t1 * d.n_v_head, t0 * nk..t1 * nk);
+        let vr = t0 * nv..t1 * nv;
+        delta_rule_forward(&mut out[vr.clone()], &mut state, &q[hk.clone()], &k[hk], &v[vr], &g[hv.clone()], &beta[hv], d);
+    }
+}
+
+/// Gradients of [`delta_rule_forward_checkpointed`]'s inputs. Inside each
+/// piece the states are recomputed from its checkpoint, then the piece is
+/// walked backwards token by token carrying `dS`. Per token, with
+/// `a = exp(g)`, `Sa = a S_prev`, `u = Sa^T k`, `delta = beta (v - u)`,
+/// `S = Sa + k delta^T`, `o = S^T q s`:
+///
+/// ```text
+/// dS += s q do^T            dq = s S do
+/// dk += dS delta            ddelta = dS^T k
+/// dbeta = ddelta . (v - u)  dv = beta ddelta    du = -beta ddelta
+/// dSa = dS + k du^T         dk += Sa du
+/// dg = a * sum(dSa * S_prev)                    dS_prev = a dSa
+/// ```
+///
+/// Shapes as the forward: `dq`, `dk`: `[T, n_k_head, k_dim]` (value heads
+/// that share a key head add up, in head order); `dv`, `dout`:
+/// `[T, n_v_head, v_dim]`; `dg`, `dbeta`: `[T, n_v_head]`.
+#[allow(clippy::too_many_arguments)]
+pub fn delta_rule_backward(
+    grads: DeltaGrads<'_>,
+    dout: &[f32],
+    checkpoints: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    d: DeltaDims,
+    every: usize,
+) {
+    let DeltaDims { n_k_head, n_v_head, k_dim, v_dim } = d;
+    let tokens = g.len() / n_v_head;
+    assert_eq!(checkpoints.len(), tokens.div_ceil(every) * n_v_head * k_dim * v_dim, "delta rule checkpoints length");
+    assert_eq!(dout.len(), tokens * n_v_head * v_dim, "delta rule dout length");
+    let group = n_v_head / n_k_head;
+    let per_head: Vec<HeadGrads> = (0..n_v_head)
+        .into_par_iter()
+        .map(|h| {
+            let inputs = HeadInputs { h, kh: h / group, q, k, v, g, beta, dout, d };
+            head_backward(&inputs, checkpoints, tokens, every)
+        })
+        .collect();
+    let DeltaGrads { dq, dk, dv, dg, dbeta } = grads;
+    dq.fill(0.0);
+    dk.fill(0.0);
+    for (h, hg) in per_head.iter().enumerate() {
+        let kh = h / group;
+        for t in 0..tokens {
+            let r = (t * n_k_head + kh) * k_dim..(t * n_k_head + kh + 1) * k_dim;
+            dq[r.clone()].iter_mut().zip(&hg.dq[t * k_dim..(t + 1) * k_dim]).for_each(|(a, b)| *a += b);
+            dk[r].iter_mut().zip(&hg.dk[t * k_dim..(t + 1) * k_dim]).for_each(|(a, b)| *a += b);
+            dv[(t * n_v_head + h) * v_dim..][..v_dim].copy_from_slice(&hg.dv[t * v_dim..(t + 1) * v_dim]);
+            dg[t * n_v_head + h] = hg.dg[t];
+            dbeta[t * n_v_head + h] = hg.dbeta[t];
+        }
+    }
+}
+
+/// Output buffers of [`delta_rule_backward`] (overwritten).
+pub struct DeltaGrads<'a> {
+    /// `[T, n_k_head, k_dim]`.
+    pub dq: &'a mut [f32],
+    /// `[T, n_k_head, k_dim]`.
+    pub dk: &'a mut [f32],
+    /// `[T, n_v_head, v_dim]`.
+    pub dv: &'a mut [f32],
+    /// `[T, n_v_head]`.
+    pub dg: &'a mut [f32],
+    /// `[T, n_v_head]`.
+    pub dbeta: &'a mut [f32],
+}
+
+/// One value head's view of the forward inputs.
+struct HeadInputs<'a> {
+    h: usize,
+    kh: usize,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+    dout: &'a [f32],
+    d: DeltaDims,
+}
+
+/// One value head's gradients over the sequence, `[T, width]` each.
+struct HeadGrads {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    dg: Vec<f32>,
+    dbeta: Vec<f32>,
+}
+
+impl HeadInputs<'_> {
+    fn q(&self, t: usize) -> &[f32] {
+        &self.q[(t * self.d.n_k_head + self.kh) * self.d.k_dim..][..self.d.k_dim]
+    }
+    fn k(&self, t: usize) -> &[f32] {
+        &self.k[(t * self.d.n_k_head + self.kh) * self.d.k_dim..][..self.d.k_dim]
+    }
+    fn v(&self, t: usize) -> &[f32] {
+        &self.v[(t * self.d.n_v_head + self.h) * self.d.v_dim..][..self.d.v_dim]
+    }
+    fn dout(&self, t: usize) -> &[f32] {
+        &self.dout[(t * self.d.n_v_head + self.h) * self.d.v_dim..][..self.d.v_dim]
+    }
+    fn gate(&self, t: usize) -> (f32, f32) {
+        (self.g[t * self.d.n_v_head + self.h].exp(), self.beta[t * self.d.n_v_head + self.h])
+    }
+}
+
+fn head_backward(x: &HeadInputs<'_>, checkpoints: &[f32], tokens: usize, every: usize) -> HeadGrads {
+    let DeltaDims { n_v_head, k_dim, v_dim, .. } = x.d;
+    let sz = k_dim * v_dim;
+    let scale = 1.0 / (k_dim as f32).sqrt();
+    let mut out = HeadGrads {
+        dq: vec![0.0; tokens * k_dim],
+        dk: vec![0.0; tokens * k_dim],
+        dv: vec![0.0; tokens * v_dim],
+        dg: vec![0.0; tokens],
+        dbeta: vec![0.0; tokens],
+    };
+    let mut ds = vec![0.0f32; sz];
+    let (mut sa, mut u, mut delta, mut ddelta, mut scratch) = (vec![0.0f32; sz], vec![0.0; v_dim], vec![0.0; v_dim], vec![0.0; v_dim], vec![0.0; v_dim]);
+    for c in (0..tokens.div_ceil(every)).rev() {
+        let (t0, t1) = (c * every, ((c + 1) * every).min(tokens));
+        // states[i] is the state before token t0 + i
+        let mut states = Vec::with_capacity((t1 - t0 + 1) * sz);
+        states.extend_from_slice(&checkpoints[(c * n_v_head + x.h) * sz..][..sz]);
+        for t in t0..t1 {
+            let mut s = states[(t - t0) * sz..][..sz].to_vec();
+            let (decay, b) = x.gate(t);
+            delta_token(&mut s, &mut delta, &mut scratch, x.q(t), x.k(t), x.v(t), decay, b, scale);
+            scratch.fill(0.0);
+            states.extend_from_slice(&s);
+        }
+        for t in (t0..t1).rev() {
+            let (prev, cur) = (&states[(t - t0) * sz..][..sz], &states[(t - t0 + 1) * sz..][..sz]);
+            let (q_t, k_t, v_t, do_t) = (x.q(t), x.k(t), x.v(t), x.dout(t));
+            let (decay, b) = x.gate(t);
+            sa.iter_mut().zip(prev).for_each(|(a, &p)| *a = p * decay);
+            u.fill(0.0);
+            for (i, &ki) in k_t.iter().enumerate() {
+                u.iter_mut().zip(&sa[i * v_dim..(i + 1) * v_dim]).for_each(|(uj, &s)| *uj += s * ki);
+            }
+            delta.iter_mut().zip(v_t).zip(&u).for_each(|((dl, &vj), &uj)| *dl = b * (vj - uj));
+            let (dq, dk) = (&mut out.dq[t * k_dim..(t + 1) * k_dim], &mut out.dk[t * k_dim..(t + 1) * k_dim]);
+            ddelta.fill(0.0);
+            for i in 0..k_dim {
+                let (row, drow) = (&cur[i * v_dim..(i + 1) * v_dim], &mut ds[i * v_dim..(i + 1) * v_dim]);
+                let qi = q_t[i] * scale;
+                let (mut dqi, mut dki) = (0.0f32, 0.0f32);
+                for j in 0..v_dim {
+                    dqi += row[j] * do_t[j];
+                    drow[j] += qi * do_t[j];
+                    dki += drow[j] * delta[j];
+                    ddelta[j] += drow[j] * k_t[i];
+                }
+                dq[i] = dqi * scale;
+                dk[i] = dki;
+            }
+            let mut dbeta = 0.0f32;
+            for j in 0..v_dim {
+                dbeta += ddelta[j] * (v_t[j] - u[j]);
+                out.dv[t * v_dim + j] = b * ddelta[j];
+                scratch[j] = -b * ddelta[j]; // du
+            }
+            out.dbeta[t] = dbeta;
+            let mut dalpha = 0.0f32;
+            for i in 0..k_dim {
+                let (srow, drow, prow) = (&sa[i * v_dim..(i + 1) * v_dim], &mut ds[i * v_dim..(i + 1) * v_dim], &prev[i * v_dim..(i + 1) * v_dim]);
+                let mut dki = 0.0f32;
+                for j in 0..v_dim {
+                    dki += srow[j] * scratch[j];
+                    drow[j] += k_t[i] * scratch[j];
+                    dalpha += drow[j] * prow[j];
+                    drow[j] *= decay;
+                }
+                dk[i] += dki;
+            }
+            scratch.fill(0.0);
+            out.dg[t] = dalpha * decay;
+        }
+    }
+    out
 }
 
 /// Gated RMSNorm: `out = weight * (inp * rstd) * silu(gate)`, norm before
@@ -201,6 +495,34 @@ pub fn gated_rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], inp: &[f32], gat
         *r = rstd_of(x, eps);
         for c in 0..dim {
             o[c] = weight[c] * (x[c] * *r) * silu(z[c]);
+        }
+    }
+}
+
+/// Input gradients of [`gated_rmsnorm_forward`] (weight frozen). With
+/// `n = inp * rstd` and `dn = dout * weight * silu(gate)`:
+/// `dinp = rstd dn - rstd^3 / dim * inp * (inp . dn)`,
+/// `dgate = dout * weight * n * silu'(gate)`.
+///
+/// `dinp`, `dgate`, `dout`, `inp`, `gate`: `[rows, dim]`; `rstd`: `[rows]`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_rmsnorm_backward(dinp: &mut [f32], dgate: &mut [f32], dout: &[f32], inp: &[f32], gate: &[f32], weight: &[f32], rstd: &[f32]) {
+    let dim = weight.len();
+    assert!(dinp.len() == inp.len() && dgate.len() == inp.len() && dout.len() == inp.len() && rstd.len() * dim == inp.len(), "gated rmsnorm backward lengths");
+    let mut dn = vec![0.0f32; dim];
+    for (row, &r) in rstd.iter().enumerate() {
+        let span = row * dim..(row + 1) * dim;
+        let (x, z, dy) = (&inp[span.clone()], &gate[span.clone()], &dout[span.clone()]);
+        let mut dot = 0f64;
+        for c in 0..dim {
+            let s = sigmoid(z[c]);
+            dn[c] = dy[c] * weight[c] * z[c] * s;
+            dgate[span.start + c] = dy[c] * weight[c] * (x[c] * r) * s * (1.0 + z[c] * (1.0 - s));
+            dot += dn[c] as f64 * x[c] as f64;
+        }
+        let k = (dot * (r as f64).powi(3) / dim as f64) as f32;
+        for c in 0..dim {
+            dinp[span.start + c] = r * dn[c] - k * x[c];
         }
     }
 }

@@ -7,7 +7,24 @@ pub mod commit;
 pub mod graph;
 pub mod metrics;
 pub mod decoder_graph;
+pub mod qwen35_graph;
 pub mod grad;
 pub mod data;
 pub mod trainer;
 pub mod text_encoder;
+
+/// Opens a GGUF file or a Hugging Face directory as the training graph of
+/// its architecture (Qwen3.5 gets [`qwen35_graph::Qwen35Graph`], Llama and
+/// Qwen3 [`decoder_graph::DecoderGraph`]), with CPU projections.
+pub fn open_trainable(path: &std::path::Path) -> crate::Result<Box<dyn graph::TrainableModel>> {
+    use crate::model::{config::{Arch, ModelConfig}, hf_dir::HfDir};
+    if path.is_dir() {
+        let dir = HfDir::open(path)?;
+        let cfg = ModelConfig::from_hf_json(dir.config())?;
+        if cfg.arch == Arch::Qwen35 {
+            return Ok(Box::new(qwen35_graph::Qwen35Graph::load(&dir, cfg)?));
+        }
+        return Ok(Box::new(decoder_graph::DecoderGraph::load(&dir, cfg)?));
+    }
+    Ok(Box::new(decoder_graph::DecoderGraph::open(path)?))
+}
