@@ -4,12 +4,13 @@
 //! independent, so padding never changes the real rows' results).
 //!
 //! The NPU client already restarts a failed service and retries; an error
-//! that still reaches us means it gave up, so every routed projection of the
+//! other than bad input (shape, non-finite) that still reaches us means it
+//! gave up, so every routed projection of the
 //! run switches to the CPU path from then on ([`SplitState::fall_back`]),
 //! says so once on stderr and records it in the metrics.
 use super::planner::{direction_name, Buckets, Route};
 use crate::projection::{Direction, Projection, ProjectionInfo};
-use crate::Result;
+use crate::{Error, Result};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,9 @@ use std::time::Instant;
 #[derive(Default)]
 pub struct SplitState {
     fell_back: AtomicBool,
+    /// Run the side work before the request instead of while it is in
+    /// flight (the synchronous baseline of the step-time table).
+    synchronous: AtomicBool,
     reason: Mutex<Option<String>>,
     /// Nanoseconds the training thread waited on DSP products (side work
     /// run during the request excluded).
@@ -74,6 +78,11 @@ impl SplitState {
     /// Why it switched (first failure).
     pub fn fallback_reason(&self) -> Option<String> {
         self.reason.lock().expect("not poisoned").clone()
+    }
+
+    /// Turns overlap off (`true`) or on (the default).
+    pub fn set_synchronous(&self, on: bool) {
+        self.synchronous.store(on, Ordering::SeqCst);
     }
 
     /// Switches the run to the CPU path; logs only the first time.
@@ -175,19 +184,29 @@ impl Projection for RoutedProjection {
             &padded_in[..]
         };
         let mut y = vec![0f32; bucket * w_out];
+        let synchronous = self.state.synchronous.load(Ordering::Relaxed);
         let (mut side_ran, mut side_failed, mut side_ns) = (false, false, 0u64);
         let mut timed_side = || -> Result<()> {
             side_ran = true;
             let t = Instant::now();
             let r = side();
-            side_ns += add_ns(&self.state.overlapped_ns, t);
+            side_ns = t.elapsed().as_nanos() as u64;
             side_failed = r.is_err();
             r
         };
         let t = Instant::now();
-        let result = dsp.apply_overlapped(dir, x, bucket, &mut y, &mut timed_side);
+        let result = if synchronous {
+            timed_side().and_then(|()| dsp.apply(dir, x, bucket, &mut y))
+        } else {
+            dsp.apply_overlapped(dir, x, bucket, &mut y, &mut timed_side)
+        };
         let wait = (t.elapsed().as_nanos() as u64).saturating_sub(side_ns);
+        if !synchronous {
+            self.state.overlapped_ns.fetch_add(side_ns, Ordering::Relaxed);
+        }
         match result {
+            // Bad input is the caller's problem on either path.
+            Err(e @ (Error::Shape { .. } | Error::NonFinite(_))) => Err(e),
             Ok(()) => {
                 self.state.dsp_wait_ns.fetch_add(wait, Ordering::Relaxed);
                 self.state.dsp_calls.fetch_add(1, Ordering::Relaxed);
