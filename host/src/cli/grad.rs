@@ -4,7 +4,6 @@ use anyhow::Context;
 use crate::lora::tensor_file::TensorFile;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
-use crate::train::decoder_graph::DecoderGraph;
 use crate::train::grad::compute_grads;
 use crate::train::graph::{Batch, GraphOptions};
 use std::path::PathBuf;
@@ -30,11 +29,11 @@ pub struct Args {
 
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = DecoderGraph::open(&args.model)?;
+    let model = crate::train::open_trainable(&args.model)?;
     let adapter = Adapter::load(&args.adapter)?;
     let text = std::fs::read_to_string(&args.batch).with_context(|| args.batch.display().to_string())?;
     let batch: Batch = serde_json::from_str(&text).with_context(|| format!("{}: expected {{\"input_ids\": [[...]], \"labels\": [[...]]}}", args.batch.display()))?;
-    let r = compute_grads(&model, &adapter, &batch, &GraphOptions::default(), true)?;
+    let r = compute_grads(&*model, &adapter, &batch, &GraphOptions::default(), true)?;
     let mut out = r.grads;
     out.tensors.insert("loss".into(), Tensor::from_vec(&[1], vec![r.loss])?);
     out.tensors.insert("logits".into(), r.logits.expect("logits were requested"));

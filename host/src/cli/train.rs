@@ -8,8 +8,9 @@ use crate::train::data::load_jsonl;
 use crate::train::grad::evaluate;
 use crate::train::text_encoder::ModelText;
 use crate::train::graph::TrainableModel;
-use crate::train::decoder_graph::DecoderGraph;
 use crate::train::trainer::{train, RunOptions, TrainConfig};
+use crate::train::mezo_loop::{train_mezo, MezoConfig};
+use crate::optim::mezo::Mezo;
 use std::path::PathBuf;
 
 /// Arguments of `hexlora train`.
@@ -73,12 +74,27 @@ pub struct Args {
     /// Activation memory cap in MiB (also bounded by MemAvailable).
     #[arg(long)]
     activation_cap_mb: Option<u64>,
+    /// adamw (backprop) or mezo (forward-only SPSA, the baseline).
+    #[arg(long, value_enum, default_value_t = Optimizer::Adamw)]
+    optimizer: Optimizer,
+    /// MeZO perturbation scale.
+    #[arg(long, default_value_t = 1e-3)]
+    mezo_eps: f32,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
     /// Print a per-node time table at the end.
     #[arg(long)]
     profile: bool,
+}
+
+/// The optimizer of `hexlora train`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Optimizer {
+    /// Backprop + AdamW.
+    Adamw,
+    /// Forward-only MeZO (two perturbed forwards per step).
+    Mezo,
 }
 
 /// Peak resident set size of this process (`VmHWM`), in MiB.
@@ -93,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.profile {
         crate::autograd::profile::enable();
     }
-    let model = DecoderGraph::open(&args.model)?;
+    let model: Box<dyn TrainableModel> = crate::train::open_trainable(&args.model)?;
     // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
     let text = ModelText::open(&args.model).ok();
     let enc = text.as_ref().map(|t| t as &dyn crate::train::data::Encoder);
@@ -124,21 +140,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let before = match &eval {
-        Some(e) => Some(evaluate(&model, &Adapter::init(config.lora.clone(), &model.projections(), 0)?, e)?),
+        Some(e) => Some(evaluate(&*model, &Adapter::init(config.lora.clone(), &model.projections(), 0)?, e)?),
         None => None,
     };
     let run = RunOptions { resume: args.resume, progress: !args.quiet, stop_after: None, on_step: None };
-    let state = train(&model, &data, &config, &args.out, run)?;
-    let last = state.history.last().map_or(f32::NAN, |r| r.loss);
-    println!("trained {} steps, last loss {last:.4}; adapter in {}", state.step(), args.out.join("adapter").display());
+    let (history, adapter, steps) = match args.optimizer {
+        Optimizer::Adamw => {
+            let s = train(&*model, &data, &config, &args.out, run)?;
+            let step = s.step();
+            (s.history, s.adapter, step)
+        }
+        Optimizer::Mezo => {
+            let mezo = MezoConfig { train: config, mezo: Mezo { eps: args.mezo_eps, weight_decay: args.weight_decay } };
+            let s = train_mezo(&*model, &data, &mezo, &args.out, run)?;
+            (s.history, s.adapter, s.step)
+        }
+    };
+    let last = history.last().map_or(f32::NAN, |r| r.loss);
+    println!("trained {steps} steps, last loss {last:.4}; adapter in {}", args.out.join("adapter").display());
     // Throughput over this invocation's steps after the first (warm-up).
-    let timed = state.history.iter().skip(1);
+    let timed = history.iter().skip(1);
     let (tokens, secs) = timed.fold((0u64, 0f64), |(t, s), r| (t + r.tokens, s + r.seconds));
     if secs > 0.0 {
         println!("train tok/s: {:.1}", tokens as f64 / secs);
     }
     if let (Some(e), Some(before)) = (&eval, before) {
-        println!("held-out loss: before {before:.4} after {:.4}", evaluate(&model, &state.adapter, e)?);
+        println!("held-out loss: before {before:.4} after {:.4}", evaluate(&*model, &adapter, e)?);
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS MiB: {rss:.0}");

@@ -15,6 +15,15 @@ pub struct Mezo {
     pub weight_decay: f32,
 }
 
+/// What one step measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MezoStep {
+    /// Mean of the two perturbed losses.
+    pub loss: f32,
+    /// The SPSA estimate `(L+ - L-) / (2 eps)` of the gradient along `z`.
+    pub projected_grad: f32,
+}
+
 /// Adds `scale * z` to every parameter, `z` drawn from `seed`.
 fn perturb(params: &mut [Tensor], seed: u64, scale: f32) {
     for (k, p) in params.iter_mut().enumerate() {
@@ -27,7 +36,12 @@ impl Mezo {
     /// One step: `g = (L(p + eps z) - L(p - eps z)) / (2 eps)`, then
     /// `p -= lr * (g z + wd p)`. `loss` evaluates the model with the given
     /// parameters. Returns the mean of the two losses.
-    pub fn step(&self, params: &mut [Tensor], seed: u64, lr: f32, mut loss: impl FnMut(&[Tensor]) -> Result<f32>) -> Result<f32> {
+    pub fn step(&self, params: &mut [Tensor], seed: u64, lr: f32, loss: impl FnMut(&[Tensor]) -> Result<f32>) -> Result<f32> {
+        Ok(self.step_measured(params, seed, lr, loss)?.loss)
+    }
+
+    /// [`Mezo::step`], also reporting the projected gradient.
+    pub fn step_measured(&self, params: &mut [Tensor], seed: u64, lr: f32, mut loss: impl FnMut(&[Tensor]) -> Result<f32>) -> Result<MezoStep> {
         perturb(params, seed, self.eps);
         let up = loss(params)?;
         perturb(params, seed, -2.0 * self.eps);
@@ -40,7 +54,7 @@ impl Mezo {
                 *v -= lr * (g * counter_rng::normal(s, i as u64) + self.weight_decay * *v);
             }
         }
-        Ok(0.5 * (up + down))
+        Ok(MezoStep { loss: 0.5 * (up + down), projected_grad: g })
     }
 }
 

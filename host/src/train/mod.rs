@@ -8,6 +8,7 @@ pub mod graph;
 pub mod metrics;
 pub mod decoder_graph;
 pub mod qwen35_graph;
+pub mod mezo_loop;
 pub mod grad;
 pub mod data;
 pub mod trainer;
@@ -27,4 +28,10 @@ pub fn open_trainable(path: &std::path::Path) -> crate::Result<Box<dyn graph::Tr
         return Ok(Box::new(decoder_graph::DecoderGraph::load(&dir, cfg)?));
     }
     Ok(Box::new(decoder_graph::DecoderGraph::open(path)?))
+}
+
+/// Whether `path` is a Hugging Face directory of a Qwen3.5 model.
+pub fn is_qwen35(path: &std::path::Path) -> crate::Result<bool> {
+    use crate::model::{config::{Arch, ModelConfig}, hf_dir::HfDir};
+    Ok(path.is_dir() && ModelConfig::from_hf_json(HfDir::open(path)?.config())?.arch == Arch::Qwen35)
 }

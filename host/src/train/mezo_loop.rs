@@ -1,0 +1,215 @@
+//! The MeZO training loop (`hexlora train --optimizer mezo`): forward-only
+//! steps ([`crate::optim::mezo::Mezo`]), each over `grad_accum` examples of
+//! the seeded example stream, with the same commits, metrics, loss plot and
+//! progress bar as the AdamW loop. The perturbation of step `n` derives from
+//! the run seed and `n`, so the committed adapter, cursor and history are the
+//! whole state: a resumed run is bit-identical to an uninterrupted one.
+//!
+//! Memory is that of inference: factors are tape constants, nothing is
+//! differentiated, and no optimizer moments exist.
+use super::atomic_write::write_atomic;
+use super::commit::{StepRecord, COMMIT_FILE};
+use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use super::metrics::{loss_svg, write_metrics};
+use super::trainer::{example_index, fingerprint, RunOptions, TrainConfig};
+use crate::autograd::{counter_rng, Tape};
+use crate::lora::peft::peft_key;
+use crate::lora::tensor_file::TensorFile;
+use crate::lora::{Adapter, LoraConfig, LoraModule};
+use crate::optim::mezo::Mezo;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Instant;
+
+/// Metadata key of a MeZO commit (an AdamW commit has another, so one run
+/// directory cannot be resumed with the other optimizer by mistake).
+const STATE_KEY: &str = "hexlora_mezo_state";
+
+/// A MeZO run: the shared training configuration (its `adamw` field is
+/// unused; `schedule`, `grad_accum`, `seed`, `lora`, `head_chunk` apply) and
+/// the perturbation settings.
+#[derive(Clone, Debug)]
+pub struct MezoConfig {
+    /// Adapter, schedule, examples per step, seed.
+    pub train: TrainConfig,
+    /// Perturbation scale and weight decay.
+    pub mezo: Mezo,
+}
+
+/// Everything a resumed MeZO run needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MezoState {
+    /// The adapter being trained.
+    pub adapter: Adapter,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// Examples consumed so far.
+    pub cursor: u64,
+    /// Per-step records so far (`grad_norm` holds `|projected gradient|`).
+    pub history: Vec<StepRecord>,
+    /// Identifies configuration and data; resume refuses a mismatch.
+    pub fingerprint: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    step: u64,
+    cursor: u64,
+    lora: serde_json::Value,
+    history: Vec<StepRecord>,
+    fingerprint: String,
+    modules: Vec<String>,
+}
+
+impl MezoState {
+    /// Writes `dir/commit.safetensors` atomically.
+    pub fn commit(&self, dir: &Path) -> Result<()> {
+        let mut f = self.adapter.to_tensor_file();
+        f.metadata.clear();
+        let header = Header {
+            step: self.step,
+            cursor: self.cursor,
+            lora: self.adapter.config.to_json(),
+            history: self.history.clone(),
+            fingerprint: self.fingerprint.clone(),
+            modules: self.adapter.modules.iter().map(|m| m.name.clone()).collect(),
+        };
+        f.metadata.insert(STATE_KEY.into(), serde_json::to_string(&header).expect("header serialises"));
+        write_atomic(&dir.join(COMMIT_FILE), &f.to_bytes()?)
+    }
+
+    /// Reads the last MeZO commit of a run directory, if there is one.
+    pub fn load(dir: &Path) -> Result<Option<MezoState>> {
+        let path = dir.join(COMMIT_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let what = path.display().to_string();
+        let f = TensorFile::read(&path)?;
+        let header: Header = f
+            .metadata
+            .get(STATE_KEY)
+            .ok_or_else(|| Error::format(&what, "not a MeZO commit (an AdamW run? resume it with the optimizer it was started with)"))
+            .and_then(|s| serde_json::from_str(s).map_err(|e| Error::format(&what, e.to_string())))?;
+        let config = LoraConfig::from_json(&header.lora, &what)?;
+        let modules = header
+            .modules
+            .iter()
+            .map(|name| Ok(LoraModule { name: name.clone(), a: f.get(&peft_key(name, "A"), &what)?.clone(), b: f.get(&peft_key(name, "B"), &what)?.clone() }))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(MezoState { adapter: Adapter { config, modules }, step: header.step, cursor: header.cursor, history: header.history, fingerprint: header.fingerprint }))
+    }
+}
+
+fn run_fingerprint(config: &MezoConfig, data: &[Batch]) -> String {
+    format!("{}-mezo-{:08x}-{:08x}", fingerprint(&config.train, data), config.mezo.eps.to_bits(), config.mezo.weight_decay.to_bits())
+}
+
+fn start_state(model: &dyn TrainableModel, config: &MezoConfig, data: &[Batch], out: &Path, resume: bool) -> Result<MezoState> {
+    let fp = run_fingerprint(config, data);
+    match MezoState::load(out)? {
+        Some(s) if resume => {
+            if s.fingerprint != fp {
+                return Err(Error::invalid("--resume", "the commit was made with a different configuration or data"));
+            }
+            Ok(s)
+        }
+        Some(_) => Err(Error::invalid(out.display().to_string(), "holds a run's commit; pass --resume to continue it or choose another --out")),
+        None => {
+            let seed = counter_rng::derive(config.train.seed, u64::MAX);
+            let adapter = Adapter::init(config.train.lora.clone(), &model.projections(), seed)?;
+            Ok(MezoState { adapter, step: 0, cursor: 0, history: Vec::new(), fingerprint: fp })
+        }
+    }
+}
+
+/// Runs (or resumes) MeZO training into `out`: `commit.safetensors` after
+/// every step, `metrics.jsonl`, and at the end `adapter/` (PEFT) and
+/// `loss.svg`. The AdamW loop's [`RunOptions`] apply unchanged.
+pub fn train_mezo(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfig, out: &Path, mut run: RunOptions<'_>) -> Result<MezoState> {
+    if data.is_empty() {
+        return Err(Error::invalid("training data", "no examples"));
+    }
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut state = start_state(model, config, data, out, run.resume)?;
+    let total = config.train.schedule.total;
+    let bar = run.progress.then(|| progress_bar(total, state.step));
+    let mut done_here = 0;
+    while state.step < total && run.stop_after.is_none_or(|n| done_here < n) {
+        let record = mezo_step(model, data, config, &mut state)?;
+        state.history.push(record.clone());
+        state.commit(out)?;
+        write_metrics(out, &state.history)?;
+        if let Some(bar) = &bar {
+            bar.set_position(state.step);
+            bar.set_message(format!("loss {:.4}  {:.0} tok/s", record.loss, record.tokens as f64 / record.seconds.max(1e-9)));
+        }
+        if let Some(f) = run.on_step.as_deref_mut() {
+            f(&record);
+        }
+        done_here += 1;
+    }
+    if state.step >= total {
+        state.adapter.save(&out.join("adapter"))?;
+        let losses: Vec<f32> = state.history.iter().map(|r| r.loss).collect();
+        write_atomic(&out.join("loss.svg"), loss_svg("training loss (MeZO)", &losses).as_bytes())?;
+    }
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    Ok(state)
+}
+
+fn progress_bar(total: u64, pos: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    let style = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len}  {msg}").expect("static template");
+    bar.set_style(style.progress_chars("=> "));
+    bar.set_position(pos);
+    bar
+}
+
+/// Mean token loss of `picks` (one denominator over all of them) with the
+/// adapter factors `params` (`[A0, B0, A1, B1, ...]` in module order).
+fn forward_loss(model: &dyn TrainableModel, modules: &[LoraModule], scaling: f32, params: &[Tensor], picks: &[&Batch], opts: &GraphOptions) -> Result<f32> {
+    let mut total = 0f32;
+    for batch in picks {
+        let mut tape = Tape::new();
+        let factors = modules
+            .iter()
+            .zip(params.chunks_exact(2))
+            .map(|(m, ab)| (m.name.clone(), (tape.constant(ab[0].clone()), tape.constant(ab[1].clone()))))
+            .collect();
+        let lora = LoraVars { factors, scaling, dropout: 0.0, dropout_seed: 0 };
+        let l = model.loss(&mut tape, batch, &lora, opts, None)?;
+        total += tape.value(l).data[0];
+    }
+    if !total.is_finite() {
+        return Err(Error::NonFinite("MeZO loss".into()));
+    }
+    Ok(total)
+}
+
+/// One MeZO step over the next `grad_accum` examples.
+fn mezo_step(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfig, state: &mut MezoState) -> Result<StepRecord> {
+    let start = Instant::now();
+    let accum = config.train.grad_accum.max(1);
+    let picks: Vec<&Batch> = (0..accum as u64).map(|j| &data[example_index(config.train.seed, state.cursor + j, data.len())]).collect();
+    let denom = picks.iter().map(|b| b.target_count()).sum::<usize>().max(1) as f32;
+    let opts = GraphOptions { loss_denominator: Some(denom), head_chunk: config.train.head_chunk, ..Default::default() };
+    let lr = config.train.schedule.lr_at(state.step);
+    let mut params: Vec<Tensor> = state.adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+    let step_seed = counter_rng::derive(counter_rng::derive(config.train.seed, 0x6d657a6f), state.step);
+    let scaling = config.train.lora.scaling();
+    let modules = &state.adapter.modules;
+    let step = config.mezo.step_measured(&mut params, step_seed, lr, |p| forward_loss(model, modules, scaling, p, &picks, &opts))?;
+    for (m, pair) in state.adapter.modules.iter_mut().zip(params.chunks_exact_mut(2)) {
+        m.a = std::mem::replace(&mut pair[0], Tensor::zeros(&[0]));
+        m.b = std::mem::replace(&mut pair[1], Tensor::zeros(&[0]));
+    }
+    state.step += 1;
+    state.cursor += accum as u64;
+    let tokens = 2 * picks.iter().map(|b| b.input_ids.iter().map(|r| r.len() as u64).sum::<u64>()).sum::<u64>();
+    Ok(StepRecord { step: state.step, loss: step.loss, lr, grad_norm: step.projected_grad.abs(), tokens, seconds: start.elapsed().as_secs_f64() })
+}
