@@ -6,15 +6,14 @@
 #![deny(missing_docs)]
 
 use core::ffi::{c_char, CStr};
-use hexlora_dsp::skel::{self, RemoteArg, Sessions, Unserved};
+use hexlora_dsp::service::ProjectionService;
+use hexlora_dsp::skel::{self, RemoteArg, Sessions};
 use spinning_top::Spinlock;
 
-/// Sessions served by this library. `Unserved` answers every request with
-/// `NoSupport` until the kernels' service loop is wired in here: that needs
-/// `hexlora_dsp::service::ProjectionService` to be `Send` (it holds raw VTCM
-/// pointers today), since the sessions live in a static shared by the
-/// FastRPC threads.
-static SESSIONS: Spinlock<Sessions<Unserved, 4>> = Spinlock::new(Sessions::new());
+/// Sessions served by this library: the projection service, which is
+/// `Send` (its DMA engine lives per request, its VTCM region is owned
+/// memory), so the table can be a static shared by the FastRPC threads.
+static SESSIONS: Spinlock<Sessions<ProjectionService, 4>> = Spinlock::new(Sessions::new());
 
 /// FastRPC entry point.
 ///

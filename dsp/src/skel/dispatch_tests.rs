@@ -192,21 +192,69 @@ fn bad_invocations_fail_the_transport() -> TestResult {
     Ok(())
 }
 
-/// The placeholder service refuses everything with `NoSupport`.
-fn unserved_says_no_support() -> TestResult {
-    let table: Spinlock<Sessions<Unserved, 1>> = Spinlock::new(Sessions::new());
+/// The projection service itself behind the dispatch (what
+/// libhexlora_skel.so serves): load an FP16 weight from in-buf 1, run a
+/// forward product of in-buf 2 into out-buf 1, compare with f64.
+fn projection_service_serves_through_invoke() -> TestResult {
+    use crate::service::ProjectionService;
+    use half::f16;
+    let table: Spinlock<Sessions<ProjectionService, 1>> = Spinlock::new(Sessions::new());
     let mut uri = *b"file:///libhexlora_skel.so\0";
     let mut h = [0u8; 8];
     let mut args = [buf(&mut uri), buf(&mut h)];
     // SAFETY: 1 in, 1 out buffer.
     check_eq!(unsafe { invoke(&table, 0, Scalars::make(METHOD_OPEN, 1, 1).0, args.as_mut_ptr()) }, AEE_SUCCESS);
-    let mut req = encoded(&Request::Capabilities)?;
-    let mut resp = [0u8; RESPONSE_BUF_BYTES];
-    let mut args = [buf(&mut req), buf(&mut resp)];
-    // SAFETY: 1 in, 1 out buffer.
-    check_eq!(unsafe { invoke(&table, 1, Scalars::make(METHOD_CALL, 1, 1).0, args.as_mut_ptr()) }, AEE_SUCCESS);
-    let len = resp[0] as usize;
-    check_eq!(decode::<Response>(&resp[4..4 + len]), Ok(Response::Error { seq: None, error: ServiceError::NoSupport }));
+    let handle = u64::from_le_bytes(h);
+    let (rows, cols, tokens) = (5usize, 64usize, 3usize);
+    let w: alloc::vec::Vec<f16> = (0..rows * cols).map(|i| f16::from_f32(((i * 37 % 23) as f32 - 11.0) / 8.0)).collect();
+    let x: alloc::vec::Vec<f32> = (0..tokens * cols).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+    // u32 storage keeps the buffers 4-byte aligned, as rpcmem buffers are.
+    let mut wbuf: alloc::vec::Vec<u32> = bytemuck::cast_slice::<f16, u32>(&w).to_vec();
+    let mut xbuf: alloc::vec::Vec<u32> = x.iter().map(|v| v.to_bits()).collect();
+    let mut ybuf = alloc::vec![0u32; tokens * rows];
+    let wlen = (rows * cols * 2) as u64;
+    let load = Request::LoadWeights(LoadWeights {
+        projection: 7,
+        precision: Precision::Fp16,
+        shape: WeightShape { rows: rows as u32, cols: cols as u32 },
+        weights: BufferRef { buffer: 1, offset: 0, len: wlen },
+    });
+    let op = Request::Project(ProjectionOp {
+        seq: 1,
+        projection: 7,
+        direction: Direction::Forward,
+        tokens: tokens as u32,
+        input: BufferRef { buffer: 2, offset: 0, len: (tokens * cols * 4) as u64 },
+        output: BufferRef { buffer: 3, offset: 0, len: (tokens * rows * 4) as u64 },
+    });
+    let mut answers = heapless::Vec::<Response, 2>::new();
+    for request in [load, op] {
+        let mut req = encoded(&request)?;
+        let mut resp = [0u8; RESPONSE_BUF_BYTES];
+        let mut args = [
+            buf(&mut req),
+            buf(bytemuck::cast_slice_mut(&mut wbuf)),
+            buf(bytemuck::cast_slice_mut(&mut xbuf)),
+            buf(&mut resp),
+            buf(bytemuck::cast_slice_mut(&mut ybuf)),
+        ];
+        // SAFETY: 3 in, 2 out buffers, all live and disjoint.
+        check_eq!(unsafe { invoke(&table, handle, Scalars::make(METHOD_CALL, 3, 2).0, args.as_mut_ptr()) }, AEE_SUCCESS);
+        let len = u32::from_le_bytes([resp[0], resp[1], resp[2], resp[3]]) as usize;
+        let r = decode::<Response>(&resp[4..4 + len]).map_err(|e| fail(format_args!("response: {e:?}")))?;
+        let _ = answers.push(r);
+    }
+    check_eq!(answers[0], Response::Done(7));
+    check!(matches!(answers[1], Response::Op(OpResult { seq: 1, status: Status::Ok, .. })), "{:?}", answers[1]);
+    for t in 0..tokens {
+        for r in 0..rows {
+            let terms = (0..cols).map(|c| x[t * cols + c] as f64 * w[r * cols + c].to_f64());
+            let (want, scale) = terms.fold((0.0, 0.0), |(s, a), v| (s + v, a + v.abs()));
+            let got = f32::from_bits(ybuf[t * rows + r]) as f64;
+            // Activations are rounded to f16 once: relative 2^-11 per term.
+            check!((got - want).abs() <= 1e-3 * scale, "y[{}][{}] = {} vs f64 {}", t, r, got, want);
+        }
+    }
     Ok(())
 }
 
@@ -215,5 +263,5 @@ crate::selftests!(
     open_call_close,
     bad_requests_get_error_responses,
     bad_invocations_fail_the_transport,
-    unserved_says_no_support,
+    projection_service_serves_through_invoke,
 );

@@ -189,21 +189,3 @@ unsafe fn call<S: Service>(service: &mut S, ins: &[RemoteBuf], outs: &[RemoteBuf
         Err(_) => AEE_EBADPARM,
     }
 }
-
-/// The service until the kernels' service loop is wired in: it answers
-/// every request with [`ServiceError::NoSupport`], so a host talking to
-/// this skel falls back to the CPU instead of getting wrong numbers.
-pub struct Unserved;
-
-impl Service for Unserved {
-    fn open(_uri: &[u8]) -> Result<Self, i32> {
-        Ok(Unserved)
-    }
-    fn handle(&mut self, request: &Request, _buffers: &mut SharedBuffers<'_>) -> Response {
-        let seq = match request {
-            Request::Project(op) => Some(op.seq),
-            _ => None,
-        };
-        Response::Error { seq, error: ServiceError::NoSupport }
-    }
-}
