@@ -3,11 +3,14 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod grad;
+mod hypertrain;
+mod personalize;
 mod train;
 mod eval;
 mod generate;
 mod report;
 mod rouge;
+mod synth;
 use std::process::ExitCode;
 
 /// hexlora: on-device LLM personalization.
@@ -30,6 +33,12 @@ enum Command {
     Grad(grad::Args),
     /// LoRA fine-tuning from JSONL into a PEFT adapter (commits every step, --resume).
     Train(train::Args),
+    /// Train the LoRA-synthesizing hypernetwork for a population (SimCSE, then end to end).
+    Hypertrain(hypertrain::Args),
+    /// Synthesize a user's PEFT adapter from their examples with a trained hypernetwork.
+    Synth(synth::Args),
+    /// The nightly job: split-runtime LoRA training (planner, pacing, commits, resume, report).
+    Personalize(personalize::Args),
     /// Generate text from a model (greedy, temperature, top-p; chat template applied).
     Generate(generate::Args),
     /// Evaluate a method on a benchmark split (one result JSON per temperature).
@@ -50,6 +59,9 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Grad(args) => grad::run(args),
         Command::Train(args) => train::run(args),
+        Command::Hypertrain(args) => hypertrain::run(args),
+        Command::Synth(args) => synth::run(args),
+        Command::Personalize(args) => personalize::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Report(args) => report::run(args),

@@ -1,6 +1,7 @@
 //! The split runtime around the training loop: which frozen projections the
 //! DSP serves ([`planner`], [`routed`]), when to pause ([`pacing`]), how to
-//! stop cleanly ([`signals`]) and what a run cost ([`energy`]).
+//! stop cleanly ([`signals`]) and what a run cost ([`energy`]);
+//! [`split_model`] loads the training graph with every projection routed.
 //!
 //! Everything here talks to the DSP only through [`crate::projection::Projection`],
 //! so the NPU client (any transport) and the CPU path are interchangeable.
@@ -9,3 +10,4 @@ pub mod pacing;
 pub mod planner;
 pub mod routed;
 pub mod signals;
+pub mod split_model;

@@ -1,0 +1,148 @@
+//! The training graph with every frozen projection routed between the DSP
+//! service and the CPU: weights made resident in the precision the policy
+//! picks, each (projection, direction, bucket) probed at load, a
+//! [`RoutedProjection`] in the graph.
+//!
+//! Probe tolerances per resident precision (max-normalised error against the
+//! CPU f32 product of the checkpoint's weight, see [`super::planner`]):
+//! - FP16: 4e-3. The weight and activations are rounded to f16 (relative
+//!   2^-11 each) and accumulated in f32; measured worst 5.4e-4 on the tiny
+//!   Llama fixture.
+//! - Q8_0: 3e-2. Each weight moves by up to half a quantization step (1/254
+//!   of its block's largest magnitude) on top of the f16 rounding; measured
+//!   on SmolLM2-135M (Q4_1 checkpoint, 420 routes at 64 tokens): median
+//!   5.5e-3, worst 1.85e-2.
+//! A route above its tolerance is a kernel or data-path fault, not noise,
+//! and stays on the CPU.
+use super::planner::{cpu_only, plan_projection, Buckets, RouteTable};
+use super::routed::{RoutedProjection, SplitState};
+use crate::model::config::ModelConfig;
+use crate::model::cpu_projection::CpuProjection;
+use crate::model::source::{RawTensor, TensorSource};
+use crate::npu::{NpuClient, Precision, PrecisionPolicy};
+use crate::projection::{Projection, ProjectionInfo};
+use crate::train::decoder_graph::DecoderGraph;
+use crate::{Error, Result};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Probe tolerance for a resident precision (see the module docs).
+pub fn tolerance(p: Precision) -> f32 {
+    match p {
+        Precision::F16 => 4e-3,
+        Precision::Q8_0 => 3e-2,
+    }
+}
+
+/// Where frozen products may go.
+pub enum DspSide {
+    /// Everything on the CPU (the f32 reference path).
+    Cpu,
+    /// The DSP service, weights resident per `policy`.
+    Npu {
+        /// The connected client.
+        client: Arc<NpuClient>,
+        /// Precision per projection kind.
+        policy: PrecisionPolicy,
+    },
+}
+
+/// A training graph whose projections are routed, with the planner's table.
+pub struct SplitModel {
+    /// The graph to train.
+    pub graph: DecoderGraph,
+    /// Every planner decision.
+    pub routes: RouteTable,
+    /// Fallback switch and time counters shared by all routed projections.
+    pub state: Arc<SplitState>,
+    /// Seconds spent loading and probing.
+    pub plan_seconds: f64,
+}
+
+/// Opens a GGUF file or Hugging Face directory as a tensor source and config.
+pub fn open_source(path: &Path) -> Result<(Box<dyn TensorSource>, ModelConfig)> {
+    use crate::model::{gguf::Gguf, hf_dir::HfDir};
+    if path.is_dir() {
+        let dir = HfDir::open(path)?;
+        let cfg = ModelConfig::from_hf_json(dir.config())?;
+        Ok((Box::new(dir), cfg))
+    } else if path.extension().is_some_and(|e| e == "gguf") {
+        let g = Gguf::open(path)?;
+        let cfg = ModelConfig::from_gguf(&g)?;
+        Ok((Box::new(g), cfg))
+    } else {
+        Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
+    }
+}
+
+/// One routed projection: the CPU side always (the fallback and the probe
+/// reference), the DSP side when the client takes the weight.
+fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets: &Arc<Buckets>, state: &Arc<SplitState>, table: &Mutex<RouteTable>) -> Result<Arc<dyn Projection>> {
+    let cpu: Arc<dyn Projection> = Arc::new(CpuProjection::from_raw(info.clone(), raw)?);
+    let (dsp, routes) = match side {
+        DspSide::Cpu => (None, cpu_only(&info.name, buckets, "cpu transport")),
+        DspSide::Npu { client, policy } => {
+            let precision = policy.for_kind(info.kind);
+            match client.load_weight(info.clone(), raw, precision) {
+                Ok(dsp) => {
+                    let routes = plan_projection(&*dsp, &*cpu, buckets, tolerance(precision));
+                    (Some(dsp), routes)
+                }
+                Err(e) => (None, cpu_only(&info.name, buckets, &format!("load ({precision}): {e}"))),
+            }
+        }
+    };
+    let routed = RoutedProjection::new(cpu, dsp, &routes, buckets.clone(), state.clone());
+    table.lock().expect("not poisoned").routes.extend(routes);
+    Ok(Arc::new(routed))
+}
+
+/// Loads `path` for training with every per-layer projection routed.
+pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>) -> Result<SplitModel> {
+    let start = Instant::now();
+    let (src, cfg) = open_source(path)?;
+    let state = Arc::new(SplitState::default());
+    let table = Mutex::new(RouteTable::default());
+    let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table);
+    let graph = DecoderGraph::load_with(&*src, cfg, &factory)?;
+    let routes = table.into_inner().expect("not poisoned");
+    Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })
+}
+
+/// Resident bytes of `projections` under `policy`, `(f16, q8_0)`; a
+/// projection Q8_0 cannot hold (`in % 32 != 0`) is left out (it runs on the
+/// CPU).
+pub fn resident_bytes(projections: &[ProjectionInfo], policy: &PrecisionPolicy) -> (u64, u64) {
+    let (mut f16, mut q8) = (0u64, 0u64);
+    for p in projections {
+        let precision = policy.for_kind(p.kind);
+        if let Some(b) = precision.weight_bytes(p.out_features, p.in_features) {
+            match precision {
+                Precision::F16 => f16 += b as u64,
+                Precision::Q8_0 => q8 += b as u64,
+            }
+        }
+    }
+    (f16, q8)
+}
+
+/// The mission's resident-weights table (its 4.74 GB vs 7.14 GB) for this
+/// model: the chosen policy against all-FP16, per precision.
+pub fn resident_table(projections: &[ProjectionInfo], policy: &PrecisionPolicy) -> String {
+    let mb = |b: u64| b as f64 / 1e6;
+    let (f16, q8) = resident_bytes(projections, policy);
+    let (all16, _) = resident_bytes(projections, &PrecisionPolicy::uniform(Precision::F16));
+    let mut s = String::from("resident weights        FP16 MB    Q8_0 MB    total MB\n");
+    s += &format!(
+        "policy (attn {}, mlp {}, recurrent {})  {:>8.2}  {:>9.2}  {:>10.2}\n",
+        policy.attention,
+        policy.mlp,
+        policy.recurrent,
+        mb(f16),
+        mb(q8),
+        mb(f16 + q8)
+    );
+    s += &format!("all FP16                {:>8.2}  {:>9.2}  {:>10.2}\n", mb(all16), 0.0, mb(all16));
+    s
+}

@@ -1,0 +1,171 @@
+//! `hexlora personalize` end to end on the tiny Llama fixture: two runs give
+//! bit-identical losses and adapters (CPU path and in-process DSP service);
+//! a thermal pause (fake battery file) changes nothing but the wall clock;
+//! SIGTERM stops after a committed step and a rerun finishes bit-identical
+//! to an uninterrupted run.
+use hexlora::train::commit::TrainState;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama/model")
+}
+
+fn write_data(path: &Path) {
+    let lines: Vec<String> = (0..6u32)
+        .map(|i| {
+            let ids: Vec<u32> = (0..16).map(|t| (i * 7 + t * 3) % 128).collect();
+            let labels: Vec<i64> = ids.iter().enumerate().map(|(t, &x)| if t < 4 { -100 } else { x as i64 }).collect();
+            serde_json::json!({"input_ids": ids, "labels": labels}).to_string()
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n")).unwrap();
+}
+
+/// The job on `transport` with fake (empty) energy roots and no thermal sources.
+fn job(data: &Path, out: &Path, transport: &str, steps: u32, sys: &Path) -> Command {
+    job_at(data, out, transport, "f16", steps, sys)
+}
+
+fn job_at(data: &Path, out: &Path, transport: &str, precision: &str, steps: u32, sys: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hexlora"));
+    c.args(["personalize", "--quiet", "--rank", "4", "--alpha", "8", "--lr", "5e-3", "--seed", "3", "--targets", "q_proj,v_proj,down_proj"]);
+    // The fixture's widths (48, 80) are not multiples of 32, so Q8_0 cannot
+    // hold them; FP16 puts the projections on the service.
+    c.args(["--transport", transport, "--precision", precision, "--buckets", "16,32", "--steps", &steps.to_string()]);
+    c.arg("--model").arg(model_dir()).arg("--data").arg(data).arg("--out").arg(out);
+    c.arg("--powercap-root").arg(sys.join("powercap")).arg("--power-supply-root").arg(sys.join("power_supply"));
+    c.arg("--battery-temp").arg(sys.join("battery_temp")).arg("--pacing-poll").arg("0.02");
+    c
+}
+
+fn run_ok(mut c: Command) -> String {
+    let Output { status, stdout, stderr } = c.output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned());
+    assert!(status.success(), "{out}\n{err}");
+    out + &err
+}
+
+fn assert_same_run(a: &Path, b: &Path) {
+    let (sa, sb) = (TrainState::load(a).unwrap().unwrap(), TrainState::load(b).unwrap().unwrap());
+    let losses = |s: &TrainState| s.history.iter().map(|r| r.loss.to_bits()).collect::<Vec<_>>();
+    assert_eq!(losses(&sa), losses(&sb));
+    assert_eq!(sa.adapter, sb.adapter);
+    assert_eq!((sa.adamw.m, sa.adamw.v), (sb.adamw.m, sb.adamw.v));
+    let bytes = |d: &Path| std::fs::read(d.join("adapter/adapter_model.safetensors")).unwrap();
+    assert_eq!(bytes(a), bytes(b));
+}
+
+#[test]
+fn two_runs_are_bit_identical_on_the_cpu_and_on_the_in_process_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
+    for transport in ["cpu", "in-process"] {
+        let (a, b) = (dir.path().join(format!("{transport}-a")), dir.path().join(format!("{transport}-b")));
+        let log = run_ok(job(&data, &a, transport, 8, dir.path()));
+        run_ok(job(&data, &b, transport, 8, dir.path()));
+        assert_same_run(&a, &b);
+        let routes: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(a.join("routes.json")).unwrap()).unwrap();
+        let routes = routes["routes"].as_array().unwrap();
+        let on_dsp = routes.iter().filter(|r| r["on_dsp"] == true).count();
+        // 2 layers x 7 projections x 2 directions x 2 buckets.
+        assert_eq!(routes.len(), 56);
+        assert!(log.contains(&format!("planner: {on_dsp} of 56 routes on the DSP")), "{log}");
+        if transport == "cpu" {
+            assert_eq!(on_dsp, 0);
+        } else {
+            assert_eq!(on_dsp, 56, "every FP16 probe passes on the fixture: {log}");
+        }
+        assert!(log.contains("energy: not available"), "{log}");
+        assert!(log.contains("resident weights") && log.contains("all FP16"), "{log}");
+        assert_eq!(std::fs::read_to_string(a.join("runtime.jsonl")).unwrap().lines().count(), 8);
+    }
+}
+
+#[test]
+fn a_thermal_pause_changes_nothing_but_the_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    let battery = dir.path().join("battery_temp");
+    std::fs::write(&battery, "300").unwrap();
+    let cool = dir.path().join("cool");
+    run_ok(job(&data, &cool, "cpu", 6, dir.path()));
+    std::fs::write(&battery, "412").unwrap(); // 41.2 C: pause before step 1
+    let cooler = {
+        let battery = battery.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            std::fs::write(&battery, "375").unwrap();
+        })
+    };
+    let hot = dir.path().join("hot");
+    let log = run_ok(job(&data, &hot, "cpu", 6, dir.path()));
+    cooler.join().unwrap();
+    assert!(log.contains("pausing before step 1 (thermal status unknown, battery 41.2 C)"), "{log}");
+    assert!(log.contains("(1 pauses)"), "{log}");
+    let first: serde_json::Value = serde_json::from_str(std::fs::read_to_string(hot.join("runtime.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    assert!(first["pause_before_s"].as_f64().unwrap() >= 0.3, "{first}");
+    assert_same_run(&cool, &hot);
+}
+
+#[test]
+fn sigterm_stops_after_a_commit_and_a_rerun_finishes_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
+    let steps = 200;
+    let whole = dir.path().join("whole");
+    run_ok(job(&data, &whole, "in-process", steps, dir.path()));
+    let stopped = dir.path().join("stopped");
+    let child = job(&data, &stopped, "in-process", steps, dir.path()).stdout(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    while !stopped.join("commit.safetensors").exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "no commit appeared");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{log}");
+    let at = TrainState::load(&stopped).unwrap().unwrap().step();
+    assert!(at < steps as u64, "the run finished before SIGTERM arrived; raise `steps`");
+    assert!(log.contains(&format!("SIGTERM: stopped after step {at} (committed)")), "{log}");
+    assert!(!stopped.join("adapter").exists());
+    let log = run_ok(job(&data, &stopped, "in-process", steps, dir.path()));
+    assert!(log.contains("resuming the run"), "{log}");
+    assert_same_run(&whole, &stopped);
+}
+
+#[test]
+fn projections_the_service_refuses_run_on_the_cpu_path_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
+    // MLP in Q8_0: the service refuses widths 48 and 80 (not multiples of
+    // 32); attention stays FP16 on the service.
+    let mixed = dir.path().join("mixed");
+    let log = run_ok(job_at(&data, &mixed, "in-process", "mlp=q8_0,attention=f16", 4, dir.path()));
+    assert!(log.contains("planner: 32 of 56 routes on the DSP"), "{log}");
+    let routes: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(mixed.join("routes.json")).unwrap()).unwrap();
+    for r in routes["routes"].as_array().unwrap() {
+        let name = r["projection"].as_str().unwrap();
+        let reason = r["reason"].as_str().unwrap();
+        if name.contains(".mlp.") {
+            assert!(r["on_dsp"] == false && reason.starts_with("load (q8_0)"), "{r}");
+        } else {
+            assert!(r["on_dsp"] == true && reason.is_empty(), "{r}");
+        }
+    }
+    // All refused: the run is the CPU path's, bit for bit.
+    let (refused, cpu) = (dir.path().join("refused"), dir.path().join("cpu"));
+    let log = run_ok(job_at(&data, &refused, "in-process", "q8_0", 4, dir.path()));
+    assert!(log.contains("planner: 0 of 56 routes on the DSP"), "{log}");
+    run_ok(job(&data, &cpu, "cpu", 4, dir.path()));
+    assert_same_run(&refused, &cpu);
+}
