@@ -169,3 +169,60 @@ fn projections_the_service_refuses_run_on_the_cpu_path_with_the_reason() {
     run_ok(job(&data, &cpu, "cpu", 4, dir.path()));
     assert_same_run(&refused, &cpu);
 }
+
+/// The Hexagon service ELF for the simulator transport, or None (skip)
+/// outside CI.
+fn sim_service() -> Option<PathBuf> {
+    let why = match std::env::var_os("HEXLORA_SIM_SERVICE").map(PathBuf::from) {
+        Some(p) if p.is_file() => return Some(p),
+        Some(p) => format!("HEXLORA_SIM_SERVICE={} does not exist", p.display()),
+        None => "HEXLORA_SIM_SERVICE is not set".to_string(),
+    };
+    assert!(std::env::var_os("CI").is_none(), "{why}: in CI the simulator tests must run (ci/sim-test.sh builds the service)");
+    eprintln!("SKIPPED simulator test: {why}");
+    None
+}
+
+#[test]
+fn killing_the_simulator_for_good_mid_run_falls_back_to_the_cpu_and_finishes() {
+    let Some(service) = sim_service() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
+    let steps = 40;
+    let reference = dir.path().join("in-process");
+    run_ok(job(&data, &reference, "in-process", steps, dir.path()));
+    // A private copy of the service: deleting it makes every restart fail,
+    // so the client gives up and the run must switch to the CPU path.
+    let copy = dir.path().join("sim_service");
+    std::fs::copy(&service, &copy).unwrap();
+    let out = dir.path().join("sim");
+    let mut cmd = job(&data, &out, "sim", steps, dir.path());
+    let child = cmd.env("HEXLORA_SIM_SERVICE", &copy).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    while !out.join("commit.safetensors").exists() {
+        assert!(start.elapsed() < Duration::from_secs(300), "no commit appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::remove_file(&copy).unwrap();
+    let pgrep = Command::new("pgrep").args(["-P", &child.id().to_string(), "qemu-hexagon"]).output().unwrap();
+    let qemu = String::from_utf8_lossy(&pgrep.stdout).trim().to_string();
+    assert!(!qemu.is_empty(), "no qemu-hexagon child found");
+    let committed_before_kill = TrainState::load(&out).unwrap().unwrap().step();
+    assert!(Command::new("kill").args(["-KILL", &qemu]).status().unwrap().success());
+    let done = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&done.stdout).into_owned() + &String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{log}");
+    assert!(log.contains("the rest of this run uses the CPU path") && log.contains("DSP fallback:"), "{log}");
+    assert!(out.join("adapter/adapter_model.safetensors").exists());
+    let (sim, native) = (TrainState::load(&out).unwrap().unwrap(), TrainState::load(&reference).unwrap().unwrap());
+    assert_eq!(sim.step(), steps as u64);
+    assert!(sim.history.iter().all(|r| r.loss.is_finite()));
+    // Before the kill the simulator and the in-process service agree bit for bit.
+    let bits = |s: &TrainState, n: u64| s.history.iter().take(n as usize).map(|r| r.loss.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&sim, committed_before_kill), bits(&native, committed_before_kill));
+    let last: serde_json::Value = serde_json::from_str(std::fs::read_to_string(out.join("runtime.jsonl")).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!(last["dsp_calls"], 0, "{last}");
+    assert!(last["cpu_calls"].as_u64().unwrap() > 0, "{last}");
+}
