@@ -10,24 +10,36 @@ use std::path::Path;
 /// Tokenizer + chat template of one model.
 pub struct ModelText {
     tokenizer: Tokenizer,
-    chat: ChatTemplate,
+    /// The model's template, or why it cannot be used. Kept as an error
+    /// rather than failing `open`: prompt/completion data never needs it.
+    chat: std::result::Result<ChatTemplate, String>,
+}
+
+/// ChatML when the model names no template (SmolLM2 and Qwen ship ChatML);
+/// a template we do not implement is an error at first use, never silently
+/// replaced by ChatML, since training on the wrong template teaches the
+/// model the wrong turn markers.
+fn chat_from(jinja: Option<String>) -> std::result::Result<ChatTemplate, String> {
+    match jinja {
+        None => Ok(ChatTemplate::chatml()),
+        Some(j) => ChatTemplate::from_jinja(&j).map_err(|e| e.to_string()),
+    }
 }
 
 impl ModelText {
     /// From a GGUF file's metadata or a Hugging Face directory's
-    /// `tokenizer.json`; the chat template falls back to ChatML.
+    /// `tokenizer.json`; see [`chat_from`] for the chat template.
     pub fn open(path: &Path) -> Result<Self> {
         if path.is_dir() {
             let chat = std::fs::read_to_string(path.join("tokenizer_config.json"))
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .and_then(|v| v.get("chat_template").and_then(|t| t.as_str()).map(String::from))
-                .and_then(|j| ChatTemplate::from_jinja(&j).ok())
-                .unwrap_or_else(ChatTemplate::chatml);
+                .and_then(|v| v.get("chat_template").and_then(|t| t.as_str()).map(String::from));
+            let chat = chat_from(chat);
             return Ok(ModelText { tokenizer: Tokenizer::from_hf_dir(path)?, chat });
         }
         let g = Gguf::open(path)?;
-        let chat = g.get_str("tokenizer.chat_template").ok().and_then(|j| ChatTemplate::from_jinja(j).ok()).unwrap_or_else(ChatTemplate::chatml);
+        let chat = chat_from(g.get_str("tokenizer.chat_template").ok().map(String::from));
         Ok(ModelText { tokenizer: Tokenizer::from_gguf(&g)?, chat })
     }
 }
@@ -38,11 +50,28 @@ impl Encoder for ModelText {
     }
 
     fn render_chat(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        Ok(self.chat.render(messages, add_generation_prompt))
+        match &self.chat {
+            Ok(chat) => Ok(chat.render(messages, add_generation_prompt)),
+            Err(why) => Err(crate::Error::Unsupported(format!("chat data needs the model's chat template: {why}"))),
+        }
     }
 
     fn end_of_turn(&self) -> String {
         // Every template we support is ChatML.
         "<|im_end|>".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chat_from;
+
+    #[test]
+    fn missing_template_is_chatml_and_foreign_template_is_refused() {
+        assert!(chat_from(None).is_ok());
+        let llama3 = "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>{% endfor %}".to_string();
+        let why = chat_from(Some(llama3)).unwrap_err();
+        assert!(why.contains("not ChatML"), "{why}");
+        assert!(chat_from(Some("{{ '<|im_start|>' + m + '<|im_end|>' }}".into())).is_ok());
     }
 }
