@@ -408,7 +408,6 @@ impl HeadInputs<'_> {
 fn head_backward(x: &HeadInputs<'_>, checkpoints: &[f32], tokens: usize, every: usize) -> HeadGrads {
     let DeltaDims { n_v_head, k_dim, v_dim, .. } = x.d;
     let sz = k_dim * v_dim;
-    let scale = 1.0 / (k_dim as f32).sqrt();
     let mut out = HeadGrads {
         dq: vec![0.0; tokens * k_dim],
         dk: vec![0.0; tokens * k_dim],
@@ -417,68 +416,99 @@ fn head_backward(x: &HeadInputs<'_>, checkpoints: &[f32], tokens: usize, every: 
         dbeta: vec![0.0; tokens],
     };
     let mut ds = vec![0.0f32; sz];
-    let (mut sa, mut u, mut delta, mut ddelta, mut scratch) = (vec![0.0f32; sz], vec![0.0; v_dim], vec![0.0; v_dim], vec![0.0; v_dim], vec![0.0; v_dim]);
+    let mut scratch = TokenScratch { sa: vec![0.0; sz], u: vec![0.0; v_dim], delta: vec![0.0; v_dim], ddelta: vec![0.0; v_dim], du: vec![0.0; v_dim] };
     for c in (0..tokens.div_ceil(every)).rev() {
         let (t0, t1) = (c * every, ((c + 1) * every).min(tokens));
-        // states[i] is the state before token t0 + i
-        let mut states = Vec::with_capacity((t1 - t0 + 1) * sz);
-        states.extend_from_slice(&checkpoints[(c * n_v_head + x.h) * sz..][..sz]);
-        for t in t0..t1 {
-            let mut s = states[(t - t0) * sz..][..sz].to_vec();
-            let (decay, b) = x.gate(t);
-            delta_token(&mut s, &mut delta, &mut scratch, x.q(t), x.k(t), x.v(t), decay, b, scale);
-            scratch.fill(0.0);
-            states.extend_from_slice(&s);
-        }
+        let states = piece_states(x, &checkpoints[(c * n_v_head + x.h) * sz..][..sz], t0, t1);
         for t in (t0..t1).rev() {
             let (prev, cur) = (&states[(t - t0) * sz..][..sz], &states[(t - t0 + 1) * sz..][..sz]);
-            let (q_t, k_t, v_t, do_t) = (x.q(t), x.k(t), x.v(t), x.dout(t));
-            let (decay, b) = x.gate(t);
-            sa.iter_mut().zip(prev).for_each(|(a, &p)| *a = p * decay);
-            u.fill(0.0);
-            for (i, &ki) in k_t.iter().enumerate() {
-                u.iter_mut().zip(&sa[i * v_dim..(i + 1) * v_dim]).for_each(|(uj, &s)| *uj += s * ki);
-            }
-            delta.iter_mut().zip(v_t).zip(&u).for_each(|((dl, &vj), &uj)| *dl = b * (vj - uj));
-            let (dq, dk) = (&mut out.dq[t * k_dim..(t + 1) * k_dim], &mut out.dk[t * k_dim..(t + 1) * k_dim]);
-            ddelta.fill(0.0);
-            for i in 0..k_dim {
-                let (row, drow) = (&cur[i * v_dim..(i + 1) * v_dim], &mut ds[i * v_dim..(i + 1) * v_dim]);
-                let qi = q_t[i] * scale;
-                let (mut dqi, mut dki) = (0.0f32, 0.0f32);
-                for j in 0..v_dim {
-                    dqi += row[j] * do_t[j];
-                    drow[j] += qi * do_t[j];
-                    dki += drow[j] * delta[j];
-                    ddelta[j] += drow[j] * k_t[i];
-                }
-                dq[i] = dqi * scale;
-                dk[i] = dki;
-            }
-            let mut dbeta = 0.0f32;
-            for j in 0..v_dim {
-                dbeta += ddelta[j] * (v_t[j] - u[j]);
-                out.dv[t * v_dim + j] = b * ddelta[j];
-                scratch[j] = -b * ddelta[j]; // du
-            }
-            out.dbeta[t] = dbeta;
-            let mut dalpha = 0.0f32;
-            for i in 0..k_dim {
-                let (srow, drow, prow) = (&sa[i * v_dim..(i + 1) * v_dim], &mut ds[i * v_dim..(i + 1) * v_dim], &prev[i * v_dim..(i + 1) * v_dim]);
-                let mut dki = 0.0f32;
-                for j in 0..v_dim {
-                    dki += srow[j] * scratch[j];
-                    drow[j] += k_t[i] * scratch[j];
-                    dalpha += drow[j] * prow[j];
-                    drow[j] *= decay;
-                }
-                dk[i] += dki;
-            }
-            scratch.fill(0.0);
-            out.dg[t] = dalpha * decay;
+            token_backward(x, t, prev, cur, &mut ds, &mut scratch, &mut out);
         }
     }
     out
+}
+
+/// The states of one head around every token of the piece `t0..t1`:
+/// `[t1 - t0 + 1, k_dim, v_dim]`, entry `i` the state before token `t0 + i`.
+fn piece_states(x: &HeadInputs<'_>, checkpoint: &[f32], t0: usize, t1: usize) -> Vec<f32> {
+    let (sz, v_dim) = (checkpoint.len(), x.d.v_dim);
+    let scale = 1.0 / (x.d.k_dim as f32).sqrt();
+    let (mut delta, mut o) = (vec![0.0f32; v_dim], vec![0.0f32; v_dim]);
+    let mut states = Vec::with_capacity((t1 - t0 + 1) * sz);
+    states.extend_from_slice(checkpoint);
+    let mut s = checkpoint.to_vec();
+    for t in t0..t1 {
+        let (decay, b) = x.gate(t);
+        o.fill(0.0);
+        delta_token(&mut s, &mut delta, &mut o, x.q(t), x.k(t), x.v(t), decay, b, scale);
+        states.extend_from_slice(&s);
+    }
+    states
+}
+
+/// Per-token buffers of the backward walk.
+struct TokenScratch {
+    /// `a S_prev`, `[k_dim, v_dim]`.
+    sa: Vec<f32>,
+    /// `Sa^T k`, `[v_dim]`.
+    u: Vec<f32>,
+    /// `beta (v - u)`, `[v_dim]`.
+    delta: Vec<f32>,
+    /// Gradient of `delta`, `[v_dim]`.
+    ddelta: Vec<f32>,
+    /// Gradient of `u`, `[v_dim]`.
+    du: Vec<f32>,
+}
+
+/// One token of [`delta_rule_backward`] (formulas there): writes token
+/// `t`'s gradients into `out` and turns `ds` (gradient of the state after
+/// `t`) into the gradient of the state before it.
+fn token_backward(x: &HeadInputs<'_>, t: usize, prev: &[f32], cur: &[f32], ds: &mut [f32], w: &mut TokenScratch, out: &mut HeadGrads) {
+    let (k_dim, v_dim) = (x.d.k_dim, x.d.v_dim);
+    let scale = 1.0 / (k_dim as f32).sqrt();
+    let (q_t, k_t, v_t, do_t) = (x.q(t), x.k(t), x.v(t), x.dout(t));
+    let (decay, b) = x.gate(t);
+    w.sa.iter_mut().zip(prev).for_each(|(a, &p)| *a = p * decay);
+    w.u.fill(0.0);
+    for (i, &ki) in k_t.iter().enumerate() {
+        w.u.iter_mut().zip(&w.sa[i * v_dim..(i + 1) * v_dim]).for_each(|(uj, &s)| *uj += s * ki);
+    }
+    w.delta.iter_mut().zip(v_t).zip(&w.u).for_each(|((dl, &vj), &uj)| *dl = b * (vj - uj));
+    let (dq, dk) = (&mut out.dq[t * k_dim..(t + 1) * k_dim], &mut out.dk[t * k_dim..(t + 1) * k_dim]);
+    w.ddelta.fill(0.0);
+    for i in 0..k_dim {
+        let (row, drow) = (&cur[i * v_dim..(i + 1) * v_dim], &mut ds[i * v_dim..(i + 1) * v_dim]);
+        let qi = q_t[i] * scale;
+        let (mut dqi, mut dki) = (0.0f32, 0.0f32);
+        for j in 0..v_dim {
+            dqi += row[j] * do_t[j];
+            drow[j] += qi * do_t[j];
+            dki += drow[j] * w.delta[j];
+            w.ddelta[j] += drow[j] * k_t[i];
+        }
+        dq[i] = dqi * scale;
+        dk[i] = dki;
+    }
+    let mut dbeta = 0.0f32;
+    for j in 0..v_dim {
+        dbeta += w.ddelta[j] * (v_t[j] - w.u[j]);
+        out.dv[t * v_dim + j] = b * w.ddelta[j];
+        w.du[j] = -b * w.ddelta[j];
+    }
+    out.dbeta[t] = dbeta;
+    let mut dalpha = 0.0f32;
+    for i in 0..k_dim {
+        let (srow, drow, prow) = (&w.sa[i * v_dim..(i + 1) * v_dim], &mut ds[i * v_dim..(i + 1) * v_dim], &prev[i * v_dim..(i + 1) * v_dim]);
+        let mut dki = 0.0f32;
+        for j in 0..v_dim {
+            dki += srow[j] * w.du[j];
+            drow[j] += k_t[i] * w.du[j];
+            dalpha += drow[j] * prow[j];
+            drow[j] *= decay;
+        }
+        dk[i] += dki;
+    }
+    out.dg[t] = dalpha * decay;
 }
 
 /// Gated RMSNorm: `out = weight * (inp * rstd) * silu(gate)`, norm before
@@ -613,6 +643,36 @@ mod tests {
         assert_eq!(&out[..12], &o1[..]);
         assert_eq!(&out[12..], &o2[..]);
         assert_eq!(state, s2);
+    }
+
+    /// Checkpointing only decides where states are recomputed from: the
+    /// gradients are the same bits for any interval (a state recomputed
+    /// from a checkpoint equals the forward's, since pieces compose exactly).
+    #[test]
+    fn delta_rule_backward_is_independent_of_the_checkpoint_interval() {
+        let d = DeltaDims { n_k_head: 2, n_v_head: 4, k_dim: 3, v_dim: 2 };
+        let t = 23;
+        let (mut q, mut k) = (wave(t * 6, 0.9, 1.0), wave(t * 6, 0.4, 1.0));
+        let mut rn = vec![0.0; t * 2];
+        let (q0, k0) = (q.clone(), k.clone());
+        l2norm_forward(&mut q, &mut rn, &q0, 3, 1e-6);
+        l2norm_forward(&mut k, &mut rn, &k0, 3, 1e-6);
+        let v = wave(t * 8, 0.57, 1.5);
+        let g: Vec<f32> = wave(t * 4, 0.8, 0.5).iter().map(|x| x - 0.6).collect();
+        let beta: Vec<f32> = wave(t * 4, 1.3, 0.4).iter().map(|x| x + 0.5).collect();
+        let dout = wave(t * 8, 0.23, 1.0);
+        let grads_for = |every: usize| {
+            let (mut out, mut ck) = (vec![0.0; t * 8], Vec::new());
+            delta_rule_forward_checkpointed(&mut out, &mut ck, &q, &k, &v, &g, &beta, d, every);
+            let (mut dq, mut dk, mut dv, mut dg, mut db) = (vec![0.0; t * 6], vec![0.0; t * 6], vec![0.0; t * 8], vec![0.0; t * 4], vec![0.0; t * 4]);
+            let grads = DeltaGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv, dg: &mut dg, dbeta: &mut db };
+            delta_rule_backward(grads, &dout, &ck, &q, &k, &v, &g, &beta, d, every);
+            (out, [dq, dk, dv, dg, db])
+        };
+        let reference = grads_for(1);
+        for every in [5, 16, 64] {
+            assert_eq!(grads_for(every), reference, "checkpoint every {every}");
+        }
     }
 
     #[test]
