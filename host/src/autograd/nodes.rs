@@ -27,6 +27,15 @@ pub(crate) enum NodeKind {
     /// a: [r, in], b: [out, r]]`. Saves `xa = drop(X) A^T: [T, r]`; the
     /// dropout mask is regenerated from its seed.
     LoraAdd { scaling: f32, dropout: Option<Dropout>, xa: Vec<f32> },
+    /// The frozen product and its LoRA branch in one node:
+    /// `Y = X W^T + s * drop(X) A^T B^T`. Inputs `[x, x, a, b]`: `x` is listed
+    /// twice so its two gradient terms (branch, then product) accumulate one
+    /// after the other exactly as the unfused `Projection` + `LoraAdd` pair's
+    /// do, which keeps fused and unfused runs bit-identical. Saves `xa:
+    /// [T, r]`. Both directions go through [`Projection::apply_overlapped`]
+    /// with the branch as the side work, so an NPU-served product overlaps
+    /// the CPU's LoRA arithmetic.
+    ProjectionLora { proj: Arc<dyn Projection>, scaling: f32, dropout: Option<Dropout>, xa: Vec<f32> },
     /// `Y = A + B`, same shapes. Inputs `[a, b]`.
     Add,
     /// RMSNorm over rows of `weight.len()` with a frozen weight. Inputs
@@ -61,6 +70,7 @@ impl NodeKind {
         match self {
             NodeKind::Projection { .. } => "projection",
             NodeKind::LoraAdd { .. } => "lora",
+            NodeKind::ProjectionLora { .. } => "proj+lora",
             NodeKind::RmsNorm { .. } => "rmsnorm",
             NodeKind::Rope { .. } => "rope",
             NodeKind::Attention { .. } => "attention",
@@ -89,16 +99,23 @@ impl NodeKind {
             }
             NodeKind::LoraAdd { scaling, dropout, xa } => {
                 let (x, a, b) = (inputs[1], inputs[2], inputs[3]);
-                let shapes = branch::Shapes::of(x, a, b)?;
-                let mut grads = branch::Grads {
-                    dx: wanted[1].then(|| vec![0.0; x.len()]),
-                    da: wanted[2].then(|| vec![0.0; a.len()]),
-                    db: wanted[3].then(|| vec![0.0; b.len()]),
+                let [dx, da, db] = lora_backward(x, a, b, &dout, xa, *scaling, *dropout, [wanted[1], wanted[2], wanted[3]])?;
+                Ok(vec![wanted[0].then(|| dout.clone()), dx, da, db])
+            }
+            NodeKind::ProjectionLora { proj, scaling, dropout, xa } => {
+                let (x, a, b) = (inputs[0], inputs[2], inputs[3]);
+                let mut lora = None;
+                let mut dx = wanted[1].then(|| Tensor::zeros(&x.shape));
+                let mut side = || {
+                    lora = Some(lora_backward(x, a, b, &dout, xa, *scaling, *dropout, [wanted[0], wanted[2], wanted[3]])?);
+                    Ok(())
                 };
-                branch::backward(&mut grads, &dout.data, &x.data, &a.data, &b.data, xa, *scaling, *dropout, shapes);
-                let wrap = |d: Option<Vec<f32>>, like: &Tensor| d.map(|d| Tensor { shape: like.shape.clone(), data: d });
-                let dbase = wanted[0].then(|| dout.clone());
-                Ok(vec![dbase, wrap(grads.dx, x), wrap(grads.da, a), wrap(grads.db, b)])
+                match dx.as_mut() {
+                    Some(dx) => proj.apply_overlapped(Direction::InputGrad, &dout.data, x.rows(), &mut dx.data, &mut side)?,
+                    None => side()?,
+                }
+                let [dx_lora, da, db] = lora.expect("side work runs exactly once");
+                Ok(vec![dx_lora, dx, da, db])
             }
             NodeKind::RmsNorm { weight, kind, rstd } => {
                 let mut dx = Tensor::zeros(&inputs[0].shape);
@@ -162,6 +179,29 @@ fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse:
     vec![dq, dk, dv]
 }
 
+/// Gradients `[dx, da, db]` of the LoRA branch (each only when `wanted`).
+#[allow(clippy::too_many_arguments)]
+fn lora_backward(
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    dout: &Tensor,
+    xa: &[f32],
+    scaling: f32,
+    dropout: Option<Dropout>,
+    wanted: [bool; 3],
+) -> Result<[Option<Tensor>; 3]> {
+    let shapes = branch::Shapes::of(x, a, b)?;
+    let mut grads = branch::Grads {
+        dx: wanted[0].then(|| vec![0.0; x.len()]),
+        da: wanted[1].then(|| vec![0.0; a.len()]),
+        db: wanted[2].then(|| vec![0.0; b.len()]),
+    };
+    branch::backward(&mut grads, &dout.data, &x.data, &a.data, &b.data, xa, scaling, dropout, shapes);
+    let wrap = |d: Option<Vec<f32>>, like: &Tensor| d.map(|d| Tensor { shape: like.shape.clone(), data: d });
+    Ok([wrap(grads.dx, x), wrap(grads.da, a), wrap(grads.db, b)])
+}
+
 fn segment_backward(f: &SegmentFn, inputs: &[&Tensor], dout: Tensor, wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
     let mut inner = Tape::new();
     let vars: Vec<Var> = inputs
@@ -217,10 +257,41 @@ impl Tape {
                 got: basev.shape.clone(),
             });
         }
-        let mut y = basev.clone();
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
-        branch::forward(&mut y.data, &mut xa, &xv.data, &av.data, &bv.data, scaling, dropout, shapes);
+        let mut y = Tensor::zeros(&basev.shape);
+        branch::forward_into(&mut y.data, &mut xa, &xv.data, &av.data, &bv.data, scaling, dropout, shapes);
+        y.data.iter_mut().zip(&basev.data).for_each(|(y, base)| *y = base + *y);
         Ok(self.push(NodeKind::LoraAdd { scaling, dropout, xa }, &[base, x, a, b], y))
+    }
+
+    /// The frozen product and its LoRA branch in one node:
+    /// `x W^T + scaling * drop(x) a^T b^T`, `x: [.., in] -> [.., out]`,
+    /// `a: [r, in]`, `b: [out, r]`. Gives bit-for-bit what
+    /// [`Tape::projection`] followed by [`Tape::lora_add`] gives, with the
+    /// branch run while the product is in flight (both directions).
+    pub fn projection_lora(&mut self, x: Var, proj: &Arc<dyn Projection>, a: Var, b: Var, scaling: f32, dropout: Option<Dropout>) -> Result<Var> {
+        let _time = super::profile::timer("proj+lora", true);
+        let info = proj.info();
+        let (xv, av, bv) = (self.value(x), self.value(a), self.value(b));
+        let shapes = branch::Shapes::of(xv, av, bv)?;
+        if xv.last_dim() != info.in_features || shapes.out_f != info.out_features {
+            return Err(Error::Shape {
+                what: format!("input / LoRA B of {}", info.name),
+                expected: vec![info.in_features, info.out_features],
+                got: vec![xv.last_dim(), shapes.out_f],
+            });
+        }
+        let mut shape = xv.shape.clone();
+        *shape.last_mut().expect("checked non-scalar") = info.out_features;
+        let (mut y, mut lora) = (Tensor::zeros(&shape), vec![0.0; shapes.tokens * shapes.out_f]);
+        let mut xa = vec![0.0; shapes.tokens * shapes.rank];
+        let mut side = || {
+            branch::forward_into(&mut lora, &mut xa, &xv.data, &av.data, &bv.data, scaling, dropout, shapes);
+            Ok(())
+        };
+        proj.apply_overlapped(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, &mut side)?;
+        y.data.iter_mut().zip(&lora).for_each(|(y, l)| *y += l);
+        Ok(self.push(NodeKind::ProjectionLora { proj: proj.clone(), scaling, dropout, xa }, &[x, x, a, b], y))
     }
 
     /// RMSNorm of `x` over rows of `weight.len()` features.
@@ -295,6 +366,8 @@ impl Tape {
     /// `targets` are already shifted (target of row t is the next token).
     /// Processes `chunk` rows at a time; when `logits` is given, every row's
     /// logits are appended to it (for verification tools, not training).
+    /// The whole head is one vocabulary slice here; see
+    /// [`Tape::head_loss_sliced`].
     pub fn head_loss(
         &mut self,
         x: Var,
@@ -304,10 +377,25 @@ impl Tape {
         chunk: usize,
         logits: Option<&mut Vec<f32>>,
     ) -> Result<Var> {
+        self.head_loss_sliced(x, std::slice::from_ref(head), targets, denom, chunk, logits)
+    }
+
+    /// [`Tape::head_loss`] with the head given as vocabulary slices
+    /// (`[slice_i, hidden]` each, in vocabulary order), so no `[chunk, vocab]`
+    /// logits buffer exists either (`ops/cross_entropy.rs`).
+    pub fn head_loss_sliced(
+        &mut self,
+        x: Var,
+        head: &[Arc<dyn Projection>],
+        targets: &[i64],
+        denom: f32,
+        chunk: usize,
+        logits: Option<&mut Vec<f32>>,
+    ) -> Result<Var> {
         let _time = super::profile::timer("head+loss", true);
         let xv = self.value(x);
         let want_dx = self.needs_grad(x);
-        let out = cross_entropy::head_forward_backward(head.as_ref(), &xv.data, xv.rows(), targets, denom, chunk, want_dx, logits)?;
+        let out = cross_entropy::head_forward_backward(head, &xv.data, xv.rows(), targets, denom, chunk, want_dx, logits)?;
         let dx = out.dx.map(|d| Tensor { shape: xv.shape.clone(), data: d });
         let loss = Tensor { shape: vec![1], data: vec![out.loss] };
         Ok(self.push(NodeKind::HeadLoss { dx }, &[x], loss))
@@ -329,5 +417,87 @@ impl Tape {
         let mut inputs = vec![x];
         inputs.extend_from_slice(params);
         Ok(self.push(NodeKind::Segment { f: f.clone() }, &inputs, y))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cpu_projection::CpuProjection;
+    use crate::projection::{ProjectionInfo, ProjectionKind};
+
+    /// Serves the product first and the side work after it, as an NPU
+    /// projection whose reply arrives before the CPU finishes would.
+    struct SideAfter(CpuProjection);
+
+    impl Projection for SideAfter {
+        fn info(&self) -> &ProjectionInfo {
+            self.0.info()
+        }
+        fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
+            self.0.apply(dir, input, tokens, out)
+        }
+        fn apply_overlapped(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32], side: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+            self.0.apply(dir, input, tokens, out)?;
+            side()
+        }
+    }
+
+    fn values(n: usize, k: f32) -> Vec<f32> {
+        (0..n).map(|i| (i as f32 * k).sin() * 0.8).collect()
+    }
+
+    /// Three adapted projections read the same input (as q, k, v do), then a
+    /// scalar loss; returns the loss and the gradients of x, A and B.
+    fn run(proj: &Arc<dyn Projection>, fused: bool) -> Vec<Vec<u32>> {
+        let (t, d, r) = (5, 6, 2);
+        let mut tape = Tape::new();
+        let x = tape.param(Tensor::from_vec(&[t, d], values(t * d, 0.7)).unwrap());
+        let a = tape.param(Tensor::from_vec(&[r, d], values(r * d, 1.3)).unwrap());
+        let b = tape.param(Tensor::from_vec(&[d, r], values(d * r, 0.4)).unwrap());
+        let mut sum = None;
+        for seed in 0..3 {
+            let dropout = Some(Dropout { p: 0.3, seed });
+            let y = if fused {
+                tape.projection_lora(x, proj, a, b, 2.0, dropout).unwrap()
+            } else {
+                let y = tape.projection(x, proj).unwrap();
+                tape.lora_add(y, x, a, b, 2.0, dropout).unwrap()
+            };
+            sum = Some(match sum {
+                None => y,
+                Some(s) => tape.add(s, y).unwrap(),
+            });
+        }
+        let head: Arc<dyn Projection> = Arc::new(CpuProjection::new(ProjectionInfo { name: "head".into(), kind: ProjectionKind::Mlp, out_features: 7, in_features: d }, values(7 * d, 0.9)).unwrap());
+        let loss = tape.head_loss(sum.unwrap(), &head, &[1, 4, -100, 6, 0], 4.0, 2, None).unwrap();
+        tape.backward(loss).unwrap();
+        let mut out = vec![tape.value(loss).data.iter().map(|v| v.to_bits()).collect()];
+        out.extend([x, a, b].map(|v| tape.grad(v).unwrap().data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()));
+        out
+    }
+
+    #[test]
+    fn fused_projection_lora_matches_the_unfused_pair_bit_for_bit() {
+        let info = ProjectionInfo { name: "p".into(), kind: ProjectionKind::Attention, out_features: 6, in_features: 6 };
+        let w = values(36, 0.23);
+        let cpu: Arc<dyn Projection> = Arc::new(CpuProjection::new(info.clone(), w.clone()).unwrap());
+        let late: Arc<dyn Projection> = Arc::new(SideAfter(CpuProjection::new(info, w).unwrap()));
+        let want = run(&cpu, false);
+        assert!(want[1].iter().any(|&v| v != 0), "x gets a gradient");
+        assert_eq!(run(&cpu, true), want, "fused");
+        assert_eq!(run(&late, true), want, "fused, side work after the product");
+    }
+
+    #[test]
+    fn fused_node_rejects_mismatched_b() {
+        let info = ProjectionInfo { name: "p".into(), kind: ProjectionKind::Mlp, out_features: 4, in_features: 3 };
+        let proj: Arc<dyn Projection> = Arc::new(CpuProjection::new(info, vec![0.5; 12]).unwrap());
+        let mut tape = Tape::new();
+        let x = tape.constant(Tensor::zeros(&[2, 3]));
+        let a = tape.param(Tensor::zeros(&[2, 3]));
+        let b = tape.param(Tensor::zeros(&[5, 2]));
+        let err = tape.projection_lora(x, &proj, a, b, 1.0, None).unwrap_err().to_string();
+        assert!(err.contains("LoRA B of p"), "{err}");
     }
 }

@@ -8,6 +8,7 @@ use crate::train::data::load_jsonl;
 use crate::train::grad::evaluate;
 use crate::train::text_encoder::ModelText;
 use crate::train::graph::TrainableModel;
+use crate::train::decoder_graph::DecoderGraph;
 use crate::train::trainer::{train, RunOptions, TrainConfig};
 use crate::train::mezo_loop::{train_mezo, MezoConfig};
 use crate::optim::mezo::Mezo;
@@ -86,6 +87,10 @@ pub struct Args {
     /// Print a per-node time table at the end.
     #[arg(long)]
     profile: bool,
+    /// Record each frozen product and its LoRA branch as two nodes instead
+    /// of the fused node (same results; for step-time comparisons).
+    #[arg(long)]
+    no_fuse: bool,
 }
 
 /// The optimizer of `hexlora train`.
@@ -109,7 +114,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.profile {
         crate::autograd::profile::enable();
     }
-    let model: Box<dyn TrainableModel> = crate::train::open_trainable(&args.model)?;
+    let model: Box<dyn TrainableModel> = if crate::train::is_qwen35(&args.model)? {
+        crate::train::open_trainable(&args.model)?
+    } else {
+        let mut model = DecoderGraph::open(&args.model)?;
+        model.set_unfused_lora(args.no_fuse);
+        Box::new(model)
+    };
     // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
     let text = ModelText::open(&args.model).ok();
     let enc = text.as_ref().map(|t| t as &dyn crate::train::data::Encoder);
@@ -133,7 +144,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_grad_norm: (args.max_grad_norm > 0.0).then_some(args.max_grad_norm),
         seed: args.seed,
         activation_cap: args.activation_cap_mb.map(|m| m << 20),
-        head_chunk: 64,
+        head_chunk: 256,
     };
     let eval = match &args.eval_data {
         Some(p) => Some(load_jsonl(p, enc, args.max_len)?.0),

@@ -75,10 +75,23 @@ fn dropped(x: &[f32], dropout: Option<Dropout>) -> Option<Vec<f32>> {
 /// `y: [T, out] += s * drop(x) a^T b^T`; writes `xa: [T, r]`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(y: &mut [f32], xa: &mut [f32], x: &[f32], a: &[f32], b: &[f32], s: f32, dropout: Option<Dropout>, sh: Shapes) {
+    forward_product(y, xa, x, a, b, s, dropout, sh, true);
+}
+
+/// `out: [T, out] = s * drop(x) a^T b^T` (overwritten); writes `xa: [T, r]`.
+/// The training nodes add `out` to the frozen product themselves, so the
+/// fused and the unfused graph round the sum the same way.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_into(out: &mut [f32], xa: &mut [f32], x: &[f32], a: &[f32], b: &[f32], s: f32, dropout: Option<Dropout>, sh: Shapes) {
+    forward_product(out, xa, x, a, b, s, dropout, sh, false);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward_product(y: &mut [f32], xa: &mut [f32], x: &[f32], a: &[f32], b: &[f32], s: f32, dropout: Option<Dropout>, sh: Shapes, accumulate: bool) {
     let xd = dropped(x, dropout);
     let xd = xd.as_deref().unwrap_or(x);
     matmul_bt(xa, xd, a, (sh.tokens, sh.in_f, sh.rank), 1.0, false);
-    matmul_bt(y, xa, b, (sh.tokens, sh.rank, sh.out_f), s, true);
+    matmul_bt(y, xa, b, (sh.tokens, sh.rank, sh.out_f), s, accumulate);
 }
 
 /// Given `dy: [T, out]`: `dB = s dY^T xa`, `dxa = s dY B`, `dA = dxa^T drop(X)`,

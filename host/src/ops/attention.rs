@@ -44,49 +44,59 @@ impl AttnDims {
 /// `lse[q_len, n_head]` saved.
 ///
 /// `q`: `[q_len, n_head, head_dim]`; `k`, `v`: `[kv_len, n_kv_head, head_dim]`.
+/// Per head two GEMMs (`s = scale q_h k_h^T`, `out_h = p v_h`) around a row
+/// softmax; threads split over heads, so every sum runs in a fixed order.
 pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32) {
-    let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim, .. } = d;
+    let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     assert!(n_kv_head > 0 && n_head % n_kv_head == 0, "attention: {n_head} heads over {n_kv_head} kv heads");
     assert!(q_len <= kv_len, "attention: {q_len} queries over {kv_len} keys");
-    assert_eq!(q.len(), q_len * n_head * head_dim, "attention q length");
-    assert_eq!(k.len(), kv_len * n_kv_head * head_dim, "attention k length");
+    assert_eq!(q.len(), q_len * n_head * hd, "attention q length");
+    assert_eq!(k.len(), kv_len * n_kv_head * hd, "attention k length");
     assert_eq!(v.len(), k.len(), "attention v length");
     assert_eq!(out.len(), q.len(), "attention out length");
     assert_eq!(lse.len(), q_len * n_head, "attention lse length");
     let group = n_head / n_kv_head;
-    let kv_stride = n_kv_head * head_dim;
-    out.par_chunks_mut(n_head * head_dim).zip(lse.par_chunks_mut(n_head)).enumerate().for_each_init(
-        || vec![0.0f32; kv_len],
-        |scores, (t, (out_t, lse_t))| {
-            let seen = d.visible(t);
-            for h in 0..n_head {
-                let kvh = h / group;
-                let q_th = &q[(t * n_head + h) * head_dim..][..head_dim];
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores[..seen].iter_mut().enumerate() {
-                    let k_j = &k[j * kv_stride + kvh * head_dim..][..head_dim];
-                    *s = scale * dot(q_th, k_j);
-                    max = max.max(*s);
-                }
-                let mut sum = 0.0f32;
-                for s in &mut scores[..seen] {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                lse_t[h] = max + sum.ln();
-                let o = &mut out_t[h * head_dim..][..head_dim];
-                o.fill(0.0);
-                for (j, &p) in scores[..seen].iter().enumerate() {
-                    let v_j = &v[j * kv_stride + kvh * head_dim..][..head_dim];
-                    for (o, &vv) in o.iter_mut().zip(v_j) {
-                        *o += p * vv;
-                    }
-                }
-                let inv = 1.0 / sum;
-                o.iter_mut().for_each(|x| *x *= inv);
-            }
-        },
-    );
+    // Per head: (out_h: [q_len, hd], lse_h: [q_len]).
+    let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..n_head)
+        .into_par_iter()
+        .map(|h| {
+            let kvh = h / group;
+            let (q_h, k_h, v_h) = (head_rows(q, q_len, n_head, hd, h), head_rows(k, kv_len, n_kv_head, hd, kvh), head_rows(v, kv_len, n_kv_head, hd, kvh));
+            let mut p = vec![0.0f32; q_len * kv_len];
+            matmul_bt(&mut p, &q_h, &k_h, (q_len, hd, kv_len), scale, false);
+            let lse_h: Vec<f32> = p.chunks_exact_mut(kv_len).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(t))).collect();
+            let mut out_h = vec![0.0f32; q_len * hd];
+            matmul(&mut out_h, &p, &v_h, (q_len, kv_len, hd), 1.0, false);
+            (out_h, lse_h)
+        })
+        .collect();
+    for (h, (out_h, lse_h)) in per_head.iter().enumerate() {
+        for t in 0..q_len {
+            out[(t * n_head + h) * hd..][..hd].copy_from_slice(&out_h[t * hd..][..hd]);
+            lse[t * n_head + h] = lse_h[t];
+        }
+    }
+}
+
+/// Softmax of `row[..seen]` in place, zero past it; returns the row's
+/// log-sum-exp.
+fn softmax_prefix(row: &mut [f32], seen: usize) -> f32 {
+    let (live, masked) = row.split_at_mut(seen);
+    masked.fill(0.0);
+    let max = live.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let mut sum = 0.0f32;
+    for s in live.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    live.iter_mut().for_each(|s| *s *= inv);
+    max + sum.ln()
+}
+
+/// Rows `[len, hd]` of head `h` out of `x: [len, heads, hd]`.
+fn head_rows(x: &[f32], len: usize, heads: usize, hd: usize, h: usize) -> Vec<f32> {
+    (0..len).flat_map(|t| x[(t * heads + h) * hd..][..hd].iter().copied()).collect()
 }
 
 #[inline]
@@ -121,10 +131,7 @@ pub fn attention_backward(
     assert!(dq.len() == q.len() && dout.len() == q.len() && out.len() == q.len(), "attention_backward q lengths");
     assert!(dk.len() == k.len() && dv.len() == v.len() && k.len() == kv_len * n_kv_head * hd, "attention_backward kv lengths");
     let group = n_head / n_kv_head;
-    // Rows `[len, hd]` of head `h` out of `[len, heads, hd]`.
-    let head_rows = |x: &[f32], len: usize, heads: usize, h: usize| -> Vec<f32> {
-        (0..len).flat_map(|t| x[(t * heads + h) * hd..][..hd].iter().copied()).collect()
-    };
+    let head_rows = |x: &[f32], len: usize, heads: usize, h: usize| head_rows(x, len, heads, hd, h);
     let per_kv: Vec<(Vec<Vec<f32>>, Vec<f32>, Vec<f32>)> = (0..n_kv_head)
         .into_par_iter()
         .map(|kvh| {

@@ -5,9 +5,10 @@
 //! (single thread, this AVX-512 machine): for many rows (prefill, training)
 //! `matrixmultiply` ran 1.3-1.8x faster than `gemm` (e.g. 256x576x192: 46 vs
 //! 24 GFLOP/s); for a few rows (decoding) `gemm` ran ~4x faster
-//! (1x576x1536: 3.8 vs 1.0 GFLOP/s). Many-row products are split into row
-//! blocks over rayon; each output element's sum runs in the same order
-//! whatever the split, so results do not depend on the thread count.
+//! (1x576x1536: 3.8 vs 1.0 GFLOP/s). Many-row products are split into
+//! 16-aligned row or column blocks over rayon; each output element's sum runs
+//! in the same order whatever the split, so results do not depend on the
+//! thread count.
 //!
 //! Note `gemm`'s argument order: `dst = alpha * dst + beta * lhs * rhs`, the
 //! reverse of BLAS's alpha/beta naming.
@@ -52,7 +53,7 @@ fn product(
     assert!(lhs.len() > (m - 1) * lrs + (k - 1) * lcs, "matmul lhs length");
     assert!(rhs.len() > (k - 1) * rrs + (n - 1) * rcs, "matmul rhs length");
     if m >= MANY_ROWS {
-        return product_row_blocks(out, lhs, (lrs, lcs), rhs, (rrs, rcs), (m, k, n), scale, accumulate);
+        return product_blocks(out, lhs, (lrs, lcs), rhs, (rrs, rcs), (m, k, n), scale, accumulate);
     }
     // SAFETY: the asserts bound every index gemm reads (row * rs + col * cs)
     // inside the slices; `out` is exclusively borrowed and `m * n` long.
@@ -81,13 +82,29 @@ fn product(
     }
 }
 
-/// From this many rows on, `matrixmultiply` in row blocks beats `gemm`.
+/// From this many rows on, `matrixmultiply` beats `gemm`.
 const MANY_ROWS: usize = 16;
 
-/// [`product`] for many rows: `matrixmultiply::sgemm` on row blocks, one
-/// block per rayon thread (blocks of at least [`MANY_ROWS`] rows).
+/// matrixmultiply's AVX-512 tile is 16 x 16: blocks that start on a multiple
+/// of 16 cut the output into exactly the tiles an unsplit call uses, so every
+/// element takes the same kernel path (full or edge tile) whatever the split.
+const TILE: usize = 16;
+
+/// `*mut f32` shared by the blocks of one product; each block writes a
+/// disjoint set of output elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: blocks write disjoint elements (see `product_blocks`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// [`product`] for many rows: `matrixmultiply::sgemm` on one block per rayon
+/// thread, split along the larger of `m` and `n`. sgemm packs the right-hand
+/// operand per call, so splitting rows made every thread pack the whole
+/// weight (18% of a training step went to packing); splitting the wider
+/// dimension packs each operand part once.
 #[allow(clippy::too_many_arguments)]
-fn product_row_blocks(
+fn product_blocks(
     out: &mut [f32],
     lhs: &[f32],
     (lrs, lcs): (usize, usize),
@@ -99,28 +116,34 @@ fn product_row_blocks(
 ) {
     use rayon::prelude::*;
     let threads = if m * n * k >= PARALLEL_MIN_MACS { rayon::current_num_threads() } else { 1 };
-    let block = m.div_ceil(threads).max(MANY_ROWS);
-    out.par_chunks_mut(block * n).enumerate().for_each(|(b, out_b)| {
-        let rows = out_b.len() / n;
-        let lhs_b = &lhs[b * block * lrs..];
-        // SAFETY: rows of this block read lhs at (r * lrs + c * lcs) for
-        // r < rows, c < k, inside `lhs_b` because the caller checked the whole
-        // of `lhs`; rhs as checked by the caller; `out_b` is `rows * n` long,
-        // exclusively borrowed. With beta = 0 sgemm does not read `out_b`.
+    let split_cols = n > m;
+    let len = if split_cols { n } else { m };
+    let block = len.div_ceil(threads).next_multiple_of(TILE).max(MANY_ROWS);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..len.div_ceil(block)).into_par_iter().for_each(|b| {
+        let out_ptr = out_ptr;
+        let (start, size) = (b * block, block.min(len - b * block));
+        let (rows, cols, lhs_off, rhs_off, out_off) =
+            if split_cols { (m, size, 0, start * rcs, start) } else { (size, n, start * lrs, 0, start * n) };
+        // SAFETY: the caller checked that `lhs` and `rhs` cover every index
+        // (r * rs + c * cs) of the whole product; a block reads a sub-range of
+        // rows (of lhs) or columns (of rhs). Blocks write disjoint row or
+        // column ranges of `out` (m * n long, exclusively borrowed for the
+        // call). With beta = 0 sgemm does not read `out`.
         unsafe {
             matrixmultiply::sgemm(
                 rows,
                 k,
-                n,
+                cols,
                 scale,
-                lhs_b.as_ptr(),
+                lhs.as_ptr().add(lhs_off),
                 lrs as isize,
                 lcs as isize,
-                rhs.as_ptr(),
+                rhs.as_ptr().add(rhs_off),
                 rrs as isize,
                 rcs as isize,
                 if accumulate { 1.0 } else { 0.0 },
-                out_b.as_mut_ptr(),
+                out_ptr.0.add(out_off),
                 n as isize,
                 1,
             );
@@ -189,13 +212,21 @@ mod tests {
 
     #[test]
     fn row_blocks_do_not_change_results() {
-        let (m, k, n) = (200, 64, 96);
+        for (m, k, n) in [(200, 300, 96), (40, 300, 333)] {
+            check_split_independence(m, k, n);
+        }
+    }
+
+    fn check_split_independence(m: usize, k: usize, n: usize) {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let mut out = vec![0.0; m * n];
-            pool.install(|| matmul_bt(&mut out, &a, &b, (m, k, n), 1.0, false));
+            pool.install(|| {
+                matmul_bt(&mut out, &a, &b, (m, k, n), 1.0, false);
+                matmul(&mut out, &a, &b, (m, k, n), 0.3, true);
+            });
             out
         };
         assert_eq!(run(1), run(3), "bit-identical across thread counts");

@@ -20,6 +20,7 @@ use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
 use crate::model::source::TensorSource;
 use crate::ops::attention::AttnDims;
+use crate::ops::cross_entropy::slice_rows;
 use crate::ops::embedding::embedding_forward;
 use crate::ops::rmsnorm::NormWeight;
 use crate::ops::rope::rope_inv_freq;
@@ -52,7 +53,13 @@ pub struct DecoderGraph {
     /// `[vocab, hidden]` token embeddings.
     embed: Arc<Vec<f32>>,
     final_norm: Arc<Vec<f32>>,
+    /// The whole `[vocab, hidden]` head (a window over the tied embedding
+    /// when the checkpoint has no `lm_head`: nothing copied).
     head: Arc<dyn Projection>,
+    /// The same weight as vocabulary slices for the fused head + loss.
+    head_slices: Vec<Arc<dyn Projection>>,
+    /// `hexlora train --no-fuse`: always record the unfused pair.
+    unfused_lora: bool,
 }
 
 fn f32_tensor(src: &dyn TensorSource, name: &str) -> Result<Arc<Vec<f32>>> {
@@ -94,11 +101,17 @@ impl DecoderGraph {
         let embed = f32_tensor(src, &desc.embed.name)?;
         let head_name = desc.lm_head.as_ref().map_or(desc.embed.name.clone(), |t| t.name.clone());
         let head_info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: cfg.vocab_size, in_features: cfg.hidden_size };
-        let head_w = if desc.lm_head.is_some() { src.get(&head_name)?.to_f32()? } else { embed.as_ref().clone() };
-        let head: Arc<dyn Projection> = Arc::new(CpuProjection::new(head_info, head_w)?);
+        let head_w = if desc.lm_head.is_some() { Arc::new(src.get(&head_name)?.to_f32()?) } else { embed.clone() };
+        let head: Arc<dyn Projection> = Arc::new(CpuProjection::window(head_info.clone(), head_w.clone(), 0)?);
+        let head_slices = slice_rows(cfg.vocab_size)
+            .into_iter()
+            .map(|(first, rows)| -> Result<Arc<dyn Projection>> {
+                Ok(Arc::new(CpuProjection::window(ProjectionInfo { out_features: rows, ..head_info.clone() }, head_w.clone(), first)?))
+            })
+            .collect::<Result<_>>()?;
         let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
         let final_norm = f32_tensor(src, &desc.final_norm.name)?;
-        Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq }), embed, final_norm, head })
+        Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq }), embed, final_norm, head, head_slices, unfused_lora: false })
     }
 
     /// Opens a GGUF file or a Hugging Face directory (CPU projections).
@@ -121,21 +134,77 @@ impl DecoderGraph {
     pub fn config(&self) -> &ModelConfig {
         &self.shared.cfg
     }
+
+    /// Records every adapted projection as the unfused pair (frozen product
+    /// node, then LoRA branch node) whatever [`GraphOptions::unfused_lora`]
+    /// says: `hexlora train --no-fuse`.
+    pub fn set_unfused_lora(&mut self, unfused: bool) {
+        self.unfused_lora = unfused;
+    }
+
+    /// The vocabulary head (`[vocab, hidden]`, frozen).
+    pub fn head(&self) -> &Arc<dyn Projection> {
+        &self.head
+    }
+
+    /// Records the layers and the final norm for `input_ids` (`[batch, seq]`,
+    /// equal lengths) with `lora` attached; returns the normed hidden states
+    /// `[batch * seq, hidden]`. `causal = false` lets every token attend to
+    /// the whole sequence (the LLM2Vec embedder of the hypernetwork).
+    pub fn hidden_states(&self, tape: &mut Tape, input_ids: &[Vec<u32>], lora: &LoraVars, recompute_layers: &[bool], causal: bool) -> Result<Var> {
+        self.layers_and_norm(tape, input_ids, lora, recompute_layers, causal, self.unfused_lora)
+    }
+
+    /// [`DecoderGraph::hidden_states`] with the fused/unfused LoRA choice.
+    fn layers_and_norm(&self, tape: &mut Tape, input_ids: &[Vec<u32>], lora: &LoraVars, recompute_layers: &[bool], causal: bool, unfused: bool) -> Result<Var> {
+        let (b, seq) = (input_ids.len(), input_ids.first().map_or(0, Vec::len));
+        if seq == 0 || input_ids.iter().any(|r| r.len() != seq) {
+            return Err(Error::invalid("input_ids", "must be non-empty rows of one common length"));
+        }
+        let cfg = &self.shared.cfg;
+        let ids: Vec<u32> = input_ids.concat();
+        let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
+        embedding_forward(&mut x.data, &ids, &self.embed, cfg.hidden_size)?;
+        let mut x = tape.constant(x);
+        let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
+        for l in 0..self.shared.layers.len() {
+            let mut params = Vec::new();
+            let names: Vec<Option<usize>> = self.shared.layers[l]
+                .proj
+                .iter()
+                .map(|p| {
+                    lora.factors.get(&p.info().name).map(|&(a, bb)| {
+                        params.extend([a, bb]);
+                        params.len() / 2 - 1
+                    })
+                })
+                .collect();
+            let f = layer_segment(self.shared.clone(), l, names, (lora.scaling, lora.dropout, lora.dropout_seed), positions.clone(), seq, causal, unfused);
+            let recompute = recompute_layers.get(l).copied().unwrap_or(false);
+            x = tape.segment(&f, x, &params, recompute)?;
+        }
+        tape.rms_norm(x, &self.final_norm, self.shared.norm, cfg.rms_norm_eps)
+    }
 }
 
 /// One layer as a segment: `params` are the `(A, B)` pairs of its adapted
 /// projections, in `names` order.
-fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora: (f32, f32, u64), positions: Arc<Vec<usize>>, seq: usize) -> SegmentFn {
+#[allow(clippy::too_many_arguments)]
+fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora: (f32, f32, u64), positions: Arc<Vec<usize>>, seq: usize, causal: bool, unfused: bool) -> SegmentFn {
     Arc::new(move |tape: &mut Tape, x: Var, params: &[Var]| {
         let (scaling, dropout, seed) = lora;
         let layer = &shared.layers[l];
         let cfg = &shared.cfg;
         let eps = cfg.rms_norm_eps;
         let lin = |tape: &mut Tape, i: usize, h: Var| -> Result<Var> {
-            let y = tape.projection(h, &layer.proj[i])?;
-            let Some(k) = names[i] else { return Ok(y) };
+            let Some(k) = names[i] else { return tape.projection(h, &layer.proj[i]) };
             let dropout = (dropout > 0.0).then(|| crate::lora::branch::Dropout { p: dropout, seed: counter_rng::derive(seed, (l * 7 + i) as u64) });
-            tape.lora_add(y, h, params[2 * k], params[2 * k + 1], scaling, dropout)
+            let (a, b) = (params[2 * k], params[2 * k + 1]);
+            if unfused {
+                let y = tape.projection(h, &layer.proj[i])?;
+                return tape.lora_add(y, h, a, b, scaling, dropout);
+            }
+            tape.projection_lora(h, &layer.proj[i], a, b, scaling, dropout)
         };
         let h = tape.rms_norm(x, &layer.input_norm, shared.norm, eps)?;
         let (mut q, mut k, v) = (lin(tape, 0, h)?, lin(tape, 1, h)?, lin(tape, 2, h)?);
@@ -145,7 +214,7 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
         }
         let q = tape.rope(q, &positions, cfg.n_head, cfg.head_dim, &shared.inv_freq)?;
         let k = tape.rope(k, &positions, cfg.n_kv_head, cfg.head_dim, &shared.inv_freq)?;
-        let dims = AttnDims { q_len: seq, kv_len: seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, causal: true };
+        let dims = AttnDims { q_len: seq, kv_len: seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, causal };
         let a = tape.attention(q, k, v, dims, 1.0 / (cfg.head_dim as f32).sqrt())?;
         let o = lin(tape, 3, a)?;
         let x1 = tape.add(x, o)?;
@@ -172,34 +241,12 @@ impl TrainableModel for DecoderGraph {
     }
 
     fn loss(&self, tape: &mut Tape, batch: &Batch, lora: &LoraVars, opts: &GraphOptions, logits: Option<&mut Vec<f32>>) -> Result<Var> {
-        let (b, seq) = batch.dims()?;
-        let cfg = &self.shared.cfg;
-        let ids: Vec<u32> = batch.input_ids.concat();
-        let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
-        embedding_forward(&mut x.data, &ids, &self.embed, cfg.hidden_size)?;
-        let mut x = tape.constant(x);
-        let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
-        for l in 0..self.shared.layers.len() {
-            let mut params = Vec::new();
-            let names: Vec<Option<usize>> = self.shared.layers[l]
-                .proj
-                .iter()
-                .map(|p| {
-                    lora.factors.get(&p.info().name).map(|&(a, bb)| {
-                        params.extend([a, bb]);
-                        params.len() / 2 - 1
-                    })
-                })
-                .collect();
-            let f = layer_segment(self.shared.clone(), l, names, (lora.scaling, lora.dropout, lora.dropout_seed), positions.clone(), seq);
-            let recompute = opts.recompute_layers.get(l).copied().unwrap_or(false);
-            x = tape.segment(&f, x, &params, recompute)?;
-        }
-        let h = tape.rms_norm(x, &self.final_norm, self.shared.norm, cfg.rms_norm_eps)?;
+        batch.dims()?;
+        let h = self.layers_and_norm(tape, &batch.input_ids, lora, &opts.recompute_layers, true, opts.unfused_lora || self.unfused_lora)?;
         let targets = batch.targets();
         let denom = opts.loss_denominator.unwrap_or(targets.iter().filter(|&&t| t >= 0).count().max(1) as f32);
-        let chunk = if opts.head_chunk == 0 { 64 } else { opts.head_chunk };
-        tape.head_loss(h, &self.head, &targets, denom, chunk, logits)
+        let chunk = if opts.head_chunk == 0 { 256 } else { opts.head_chunk };
+        tape.head_loss_sliced(h, &self.head_slices, &targets, denom, chunk, logits)
     }
 }
 
@@ -213,4 +260,37 @@ pub fn lora_params(tape: &mut Tape, modules: &[crate::lora::LoraModule]) -> (Has
         order.push(pair);
     }
     (map, order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lora::Adapter;
+    use crate::model::hf_dir::HfDir;
+    use crate::train::grad::compute_grads;
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.data.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The fused projection + LoRA node and the unfused pair give the same
+    /// bits: loss, logits and every adapter gradient (PyTorch fixture model,
+    /// non-zero A and B on all 7 projections of both layers).
+    #[test]
+    fn fused_and_unfused_lora_are_bit_identical() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama");
+        let src = HfDir::open(&dir.join("model")).unwrap();
+        let model = DecoderGraph::load(&src, ModelConfig::from_hf_json(src.config()).unwrap()).unwrap();
+        let adapter = Adapter::load(&dir.join("adapter")).unwrap();
+        let batch: Batch = serde_json::from_str(&std::fs::read_to_string(dir.join("batch.json")).unwrap()).unwrap();
+        let fused = compute_grads(&model, &adapter, &batch, &GraphOptions::default(), true).unwrap();
+        let unfused = compute_grads(&model, &adapter, &batch, &GraphOptions { unfused_lora: true, ..Default::default() }, true).unwrap();
+        assert_eq!(fused.loss.to_bits(), unfused.loss.to_bits());
+        assert_eq!(bits(fused.logits.as_ref().unwrap()), bits(unfused.logits.as_ref().unwrap()));
+        assert_eq!(fused.grads.tensors.len(), 28);
+        for (key, g) in &fused.grads.tensors {
+            assert!(g.data.iter().any(|&v| v != 0.0), "{key} has a gradient");
+            assert_eq!(bits(g), bits(&unfused.grads.tensors[key]), "{key}");
+        }
+    }
 }

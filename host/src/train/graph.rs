@@ -77,6 +77,10 @@ pub struct GraphOptions {
     /// Divide the summed token loss by this (defaults to the batch's target
     /// count): gradient accumulation passes the whole step's count.
     pub loss_denominator: Option<f32>,
+    /// Record each adapted projection as two nodes (frozen product, then
+    /// LoRA branch) instead of the fused `projection_lora` node. Same bits
+    /// either way; the split runtime's step-time table compares the two.
+    pub unfused_lora: bool,
 }
 
 /// A model the training engine can differentiate.
