@@ -29,12 +29,17 @@ fn job(data: &Path, out: &Path, transport: &str, steps: u32, sys: &Path) -> Comm
 }
 
 fn job_at(data: &Path, out: &Path, transport: &str, precision: &str, steps: u32, sys: &Path) -> Command {
+    job_on(&model_dir(), "q_proj,v_proj,down_proj", data, out, transport, precision, steps, sys)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn job_on(model: &Path, targets: &str, data: &Path, out: &Path, transport: &str, precision: &str, steps: u32, sys: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hexlora"));
-    c.args(["personalize", "--quiet", "--rank", "4", "--alpha", "8", "--lr", "5e-3", "--seed", "3", "--targets", "q_proj,v_proj,down_proj"]);
+    c.args(["personalize", "--quiet", "--rank", "4", "--alpha", "8", "--lr", "5e-3", "--seed", "3", "--targets", targets]);
     // The fixture's widths (48, 80) are not multiples of 32, so Q8_0 cannot
     // hold them; FP16 puts the projections on the service.
     c.args(["--transport", transport, "--precision", precision, "--buckets", "16,32", "--steps", &steps.to_string()]);
-    c.arg("--model").arg(model_dir()).arg("--data").arg(data).arg("--out").arg(out);
+    c.arg("--model").arg(model).arg("--data").arg(data).arg("--out").arg(out);
     c.arg("--powercap-root").arg(sys.join("powercap")).arg("--power-supply-root").arg(sys.join("power_supply"));
     c.arg("--battery-temp").arg(sys.join("battery_temp")).arg("--pacing-poll").arg("0.02");
     c
@@ -225,4 +230,36 @@ fn killing_the_simulator_for_good_mid_run_falls_back_to_the_cpu_and_finishes() {
     let last: serde_json::Value = serde_json::from_str(std::fs::read_to_string(out.join("runtime.jsonl")).unwrap().lines().last().unwrap()).unwrap();
     assert_eq!(last["dsp_calls"], 0, "{last}");
     assert!(last["cpu_calls"].as_u64().unwrap() > 0, "{last}");
+}
+
+#[test]
+fn qwen35_keeps_recurrent_projections_in_fp16_on_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/qwen35/model");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let mut logs = Vec::new();
+    for out in [&a, &b] {
+        let targets = "in_proj_qkv,out_proj,q_proj,down_proj";
+        logs.push(run_ok(job_on(&model, targets, &data, out, "in-process", "default", 3, dir.path())));
+    }
+    assert_same_run(&a, &b);
+    let routes: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(a.join("routes.json")).unwrap()).unwrap();
+    let routes = routes["routes"].as_array().unwrap();
+    let recurrent: Vec<_> = routes.iter().filter(|r| r["projection"].as_str().unwrap().contains("linear_attn")).collect();
+    assert!(!recurrent.is_empty());
+    // Recurrent: FP16 on the service. Attention and MLP: Q8_0, which holds
+    // o_proj (input width 64) but not the fixture's widths 48 and 80 (CPU).
+    assert!(recurrent.iter().all(|r| r["on_dsp"] == true), "{recurrent:?}");
+    for r in routes.iter().filter(|r| !recurrent.contains(r)) {
+        let name = r["projection"].as_str().unwrap();
+        let refused = r["reason"].as_str().unwrap().starts_with("load (q8_0)");
+        assert_eq!(r["on_dsp"] == true, name.ends_with("o_proj"), "{r}");
+        assert_eq!(refused, !name.ends_with("o_proj"), "{r}");
+    }
+    let policy_line = logs[0].lines().find(|l| l.starts_with("policy (attn q8_0, mlp q8_0, recurrent f16)")).unwrap();
+    let fp16_mb: f64 = policy_line.rsplit(')').next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(fp16_mb > 0.0, "{policy_line}");
 }

@@ -16,7 +16,6 @@ use crate::runtime::split_model::{load_split, resident_table, DspSide};
 use crate::train::atomic_write::write_atomic;
 use crate::train::commit::{StepRecord, TrainState};
 use crate::train::data::load_jsonl;
-use crate::train::graph::TrainableModel;
 use crate::train::text_encoder::ModelText;
 use crate::train::trainer::{train_paced, RunOptions, TrainConfig};
 use serde::Serialize;
@@ -185,7 +184,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (side, policy) = side_for(&args)?;
     let split = load_split(&args.model, &side, buckets)?;
     split.state.set_synchronous(args.no_overlap);
-    let model = &split.graph;
+    let model = &*split.graph;
     print!("{}", resident_table(&model.projections(), &policy));
     if let DspSide::Npu { client, .. } = &side {
         let r = client.resident_bytes();

@@ -16,12 +16,14 @@
 //! and stays on the CPU.
 use super::planner::{cpu_only, plan_projection, Buckets, RouteTable};
 use super::routed::{RoutedProjection, SplitState};
-use crate::model::config::ModelConfig;
+use crate::model::config::{Arch, ModelConfig};
 use crate::model::cpu_projection::CpuProjection;
 use crate::model::source::{RawTensor, TensorSource};
 use crate::npu::{NpuClient, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
 use crate::train::decoder_graph::DecoderGraph;
+use crate::train::graph::TrainableModel;
+use crate::train::qwen35_graph::Qwen35Graph;
 use crate::{Error, Result};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -50,8 +52,9 @@ pub enum DspSide {
 
 /// A training graph whose projections are routed, with the planner's table.
 pub struct SplitModel {
-    /// The graph to train.
-    pub graph: DecoderGraph,
+    /// The graph to train: Llama/Qwen3 ([`DecoderGraph`]) or Qwen3.5
+    /// ([`Qwen35Graph`]).
+    pub graph: Box<dyn TrainableModel>,
     /// Every planner decision.
     pub routes: RouteTable,
     /// Fallback switch and time counters shared by all routed projections.
@@ -105,7 +108,10 @@ pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>) -> Result<
     let state = Arc::new(SplitState::default());
     let table = Mutex::new(RouteTable::default());
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table);
-    let graph = DecoderGraph::load_with(&*src, cfg, &factory)?;
+    let graph: Box<dyn TrainableModel> = match cfg.arch {
+        Arch::Qwen35 => Box::new(Qwen35Graph::load_with(&*src, cfg, &factory)?),
+        _ => Box::new(DecoderGraph::load_with(&*src, cfg, &factory)?),
+    };
     let routes = table.into_inner().expect("not poisoned");
     Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })
 }
