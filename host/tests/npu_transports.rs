@@ -63,17 +63,22 @@ fn effective(w: &[f32], p: Precision) -> Vec<f64> {
 /// Checks `y` against f64 with the bound of one f16 rounding of each
 /// activation: |err| <= 2^-10 * sum |x w| (plus the f32 accumulation).
 fn check_against_f64(w: &[f64], dir: Direction, x: &[f32], y: &[f32]) {
+    check_shape_against_f64(w, (OUT, IN), dir, x, y)
+}
+
+fn check_shape_against_f64(w: &[f64], (out, inn): (usize, usize), dir: Direction, x: &[f32], y: &[f32]) {
     let (n_in, n_out) = match dir {
-        Direction::Forward => (IN, OUT),
-        Direction::InputGrad => (OUT, IN),
+        Direction::Forward => (inn, out),
+        Direction::InputGrad => (out, inn),
     };
-    for t in 0..TOKENS {
+    let tokens = x.len() / n_in;
+    for t in 0..tokens {
         for j in 0..n_out {
             let terms: Vec<f64> = (0..n_in)
                 .map(|i| {
                     let wv = match dir {
-                        Direction::Forward => w[j * IN + i],
-                        Direction::InputGrad => w[i * IN + j],
+                        Direction::Forward => w[j * inn + i],
+                        Direction::InputGrad => w[i * inn + j],
                     };
                     x[t * n_in + i] as f64 * wv
                 })
@@ -274,4 +279,25 @@ fn simulator_that_cannot_restart_gives_a_clear_error() {
     let e = p.apply(Direction::Forward, &x, TOKENS, &mut vec![0.0; TOKENS * OUT]).unwrap_err();
     assert!(matches!(e, Error::NpuFailed { restarts: 2, .. }), "{e}");
     assert!(e.to_string().contains("CPU"), "{e}");
+}
+
+/// Every projection shape of the tiny fixtures (rows or columns below or
+/// not a multiple of the 32-wide tile), both directions, FP16, 37 tokens.
+#[test]
+fn fixture_shapes_match_f64_in_both_directions() {
+    let client = NpuClient::connect(TransportKind::InProcess, &options()).unwrap();
+    for (out, inn) in [(4, 48), (64, 48), (32, 48), (48, 32), (80, 48), (48, 80), (96, 64), (64, 96), (24, 64)] {
+        let w: Vec<f32> = (0..out * inn).map(|i| (((i * 7919) % 211) as f32 - 105.0) / 970.0).collect();
+        let raw = RawTensor { name: "w".into(), dtype: DType::F32, shape: vec![out, inn], bytes: bytemuck_bytes(&w) };
+        let info = ProjectionInfo { name: format!("w{out}x{inn}"), kind: ProjectionKind::Attention, out_features: out, in_features: inn };
+        let p = client.load_weight(info, &raw, Precision::F16).unwrap();
+        let eff: Vec<f64> = w.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect();
+        let tokens = 37;
+        for (dir, n_in, n_out) in [(Direction::Forward, inn, out), (Direction::InputGrad, out, inn)] {
+            let x: Vec<f32> = (0..tokens * n_in).map(|i| (((i * 31 + n_out) % 61) as f32 - 30.0) / 13.0).collect();
+            let mut y = vec![0.0; tokens * n_out];
+            p.apply(dir, &x, tokens, &mut y).unwrap();
+            check_shape_against_f64(&eff, (out, inn), dir, &x, &y);
+        }
+    }
 }

@@ -1,12 +1,43 @@
 //! `hexlora grad`: loss, logits and LoRA gradients of one batch, written as
-//! safetensors, to compare a model port with PyTorch + PEFT.
-use anyhow::Context;
+//! safetensors, to compare a model port with PyTorch + PEFT, and the NPU
+//! backends with the CPU.
+//!
+//! Backends: `cpu` is the f32 reference; `dsp` serves every frozen
+//! per-layer projection from the firmware built natively (in-process
+//! transport); `dsp-sim` from the Hexagon firmware under qemu-hexagon
+//! (simulator transport). Weights are resident in the precision the policy
+//! (`--precision`) gives their kind; a Q8_0 weight whose `in_features` is
+//! not a multiple of 32 is kept FP16 instead, and anything the service
+//! refuses outright stays on the CPU. The vocabulary head is always on the
+//! CPU. What went where is printed.
 use crate::lora::tensor_file::TensorFile;
 use crate::lora::Adapter;
+use crate::model::config::{Arch, ModelConfig};
+use crate::model::decoder::{cpu_projection, ProjectionFactory};
+use crate::model::source::{RawTensor, TensorSource};
+use crate::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy, TransportKind};
+use crate::projection::{Projection, ProjectionInfo};
 use crate::tensor::Tensor;
+use crate::train::decoder_graph::DecoderGraph;
 use crate::train::grad::compute_grads;
-use crate::train::graph::{Batch, GraphOptions};
-use std::path::PathBuf;
+use crate::train::graph::{Batch, GraphOptions, TrainableModel};
+use crate::train::qwen35_graph::Qwen35Graph;
+use crate::Error;
+use anyhow::Context;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where the frozen projections are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// f32 on the CPU (the reference).
+    Cpu,
+    /// The DSP firmware built natively, in this process.
+    Dsp,
+    /// The Hexagon firmware under qemu-hexagon (needs HEXLORA_SIM_SERVICE or --sim-service).
+    DspSim,
+}
 
 /// Arguments of `hexlora grad`.
 #[derive(clap::Args)]
@@ -25,19 +56,119 @@ pub struct Args {
     /// gradient per adapter tensor under the adapter's key.
     #[arg(long)]
     out: PathBuf,
+    /// Where the frozen projections run.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// NPU precision policy: `default` (recurrent f16, attention and MLP
+    /// q8_0), `f16`, `q8_0`, or overrides like `attention=f16,mlp=q8_0`.
+    #[arg(long, default_value = "default")]
+    precision: String,
+    /// The Hexagon service ELF for `dsp-sim` (default: $HEXLORA_SIM_SERVICE).
+    #[arg(long)]
+    sim_service: Option<PathBuf>,
+}
+
+/// How many projections went where.
+#[derive(Default, Debug)]
+struct Routes {
+    f16: usize,
+    q8_0: usize,
+    cpu: usize,
 }
 
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = crate::train::open_trainable(&args.model)?;
+    let model = open_model(&args)?;
     let adapter = Adapter::load(&args.adapter)?;
     let text = std::fs::read_to_string(&args.batch).with_context(|| args.batch.display().to_string())?;
     let batch: Batch = serde_json::from_str(&text).with_context(|| format!("{}: expected {{\"input_ids\": [[...]], \"labels\": [[...]]}}", args.batch.display()))?;
-    let r = compute_grads(&*model, &adapter, &batch, &GraphOptions::default(), true)?;
+    let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true)?;
     let mut out = r.grads;
     out.tensors.insert("loss".into(), Tensor::from_vec(&[1], vec![r.loss])?);
-    out.tensors.insert("logits".into(), r.logits.expect("logits were requested"));
+    out.tensors.insert("logits".into(), r.logits.context("compute_grads returned no logits although they were requested")?);
     crate::train::atomic_write::write_atomic(&args.out, &TensorFile::to_bytes(&out)?)?;
     println!("loss {:.6}  ({} adapter tensors) -> {}", r.loss, out.tensors.len() - 2, args.out.display());
     Ok(())
+}
+
+fn open_model(args: &Args) -> anyhow::Result<Box<dyn TrainableModel>> {
+    let kind = match args.backend {
+        Backend::Cpu => return Ok(open_with(&args.model, &cpu_projection)?),
+        Backend::Dsp => TransportKind::InProcess,
+        Backend::DspSim => TransportKind::Simulator,
+    };
+    let policy = PrecisionPolicy::parse(&args.precision)?;
+    let options = NpuOptions { sim_service: args.sim_service.clone(), ..NpuOptions::default() };
+    let client = NpuClient::connect(kind, &options).with_context(|| format!("connecting to the DSP service ({kind})"))?;
+    let routes = RefCell::new(Routes::default());
+    let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| npu_projection(&client, &policy, &routes, info, raw);
+    let model = open_with(&args.model, &factory)?;
+    let r = routes.into_inner();
+    let bytes = client.resident_bytes();
+    println!(
+        "{kind} DSP service: {} of {} projections resident ({} FP16 = {} bytes, {} Q8_0 = {} bytes), {} on the CPU; policy {policy}",
+        r.f16 + r.q8_0,
+        r.f16 + r.q8_0 + r.cpu,
+        r.f16,
+        bytes.f16,
+        r.q8_0,
+        bytes.q8_0,
+        r.cpu
+    );
+    Ok(model)
+}
+
+/// The policy's precision, FP16 when Q8_0 cannot hold the shape, the CPU
+/// when the service refuses.
+fn npu_projection(
+    client: &Arc<NpuClient>,
+    policy: &PrecisionPolicy,
+    routes: &RefCell<Routes>,
+    info: ProjectionInfo,
+    raw: &RawTensor<'_>,
+) -> crate::Result<Arc<dyn Projection>> {
+    let mut precision = policy.for_kind(info.kind);
+    loop {
+        match client.load_weight(info.clone(), raw, precision) {
+            Ok(p) => {
+                let mut r = routes.borrow_mut();
+                *match precision {
+                    Precision::F16 => &mut r.f16,
+                    Precision::Q8_0 => &mut r.q8_0,
+                } += 1;
+                return Ok(p);
+            }
+            Err(Error::NpuNoSupport(_)) if precision == Precision::Q8_0 => precision = Precision::F16,
+            Err(Error::NpuNoSupport(why)) => {
+                eprintln!("{}: stays on the CPU ({why})", info.name);
+                routes.borrow_mut().cpu += 1;
+                return cpu_projection(info, raw);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Opens a GGUF file or a Hugging Face directory as the training graph of
+/// its architecture, with `make` building the frozen projections.
+pub fn open_with(path: &Path, make: &ProjectionFactory<'_>) -> crate::Result<Box<dyn TrainableModel>> {
+    use crate::model::{gguf::Gguf, hf_dir::HfDir};
+    let load = |src: &dyn TensorSource, cfg: ModelConfig| -> crate::Result<Box<dyn TrainableModel>> {
+        if cfg.arch == Arch::Qwen35 {
+            Ok(Box::new(Qwen35Graph::load_with(src, cfg, make)?))
+        } else {
+            Ok(Box::new(DecoderGraph::load_with(src, cfg, make)?))
+        }
+    };
+    if path.is_dir() {
+        let dir = HfDir::open(path)?;
+        let cfg = ModelConfig::from_hf_json(dir.config())?;
+        load(&dir, cfg)
+    } else if path.extension().is_some_and(|e| e == "gguf") {
+        let g = Gguf::open(path)?;
+        let cfg = ModelConfig::from_gguf(&g)?;
+        load(&g, cfg)
+    } else {
+        Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
+    }
 }
