@@ -1,1 +1,24 @@
-//! (being written)
+//! Road 2: the LoRA-synthesizing hypernetwork.
+//!
+//! - [`config`]: hyper-parameters (`hypernet.json`);
+//! - [`embedder`]: frozen LLM + embedder LoRA, bidirectional, mean-pooled;
+//! - [`heads`]: embedding-to-matrix bottleneck MLPs (parallel or shared trunk);
+//! - [`hypernet`]: the whole network, synthesis, save/load;
+//! - [`simcse`]: stage 1a contrastive loss;
+//! - [`distill`]: vocabulary head + cross-entropy + KL to an ICL teacher;
+//! - [`end_to_end`]: stage 1b loss and gradients of one user;
+//! - [`users`]: example pairs -> context and target token ids;
+//! - [`commit`], [`trainer`]: `hexlora hypertrain` (commits, resume).
+pub mod commit;
+pub mod config;
+pub mod distill;
+pub mod embedder;
+pub mod end_to_end;
+pub mod heads;
+pub mod hypernet;
+pub mod simcse;
+pub mod trainer;
+pub mod users;
+
+pub use config::{HeadVariant, HyperConfig};
+pub use hypernet::HyperNet;

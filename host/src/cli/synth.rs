@@ -1,0 +1,60 @@
+//! `hexlora synth`: stage 2, on device. One forward pass of the
+//! hypernetwork turns a user's example pairs into a PEFT adapter; the
+//! hypernetwork files are not needed afterwards.
+use crate::hyper::users::{load_pairs, render_context};
+use crate::hyper::HyperNet;
+use crate::train::decoder_graph::DecoderGraph;
+use crate::train::text_encoder::ModelText;
+use anyhow::Context;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `hexlora synth`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hypernetwork directory (hypernet.json + hypernet.safetensors).
+    #[arg(long)]
+    hypernet: PathBuf,
+    /// The user's examples: JSONL of {"query", "response"}.
+    #[arg(long)]
+    context: PathBuf,
+    /// Adapter directory to write (PEFT format).
+    #[arg(long)]
+    out: PathBuf,
+    /// Model (default: the one recorded in hypernet.json).
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+/// Peak resident set size of this process (`VmHWM`), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
+}
+
+/// Runs `hexlora synth`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let config_path = args.hypernet.join(crate::hyper::hypernet::CONFIG_FILE);
+    let config_text = std::fs::read_to_string(&config_path).with_context(|| config_path.display().to_string())?;
+    let config: crate::hyper::HyperConfig = serde_json::from_str(&config_text).with_context(|| config_path.display().to_string())?;
+    let model_path = args.model.unwrap_or_else(|| PathBuf::from(&config.base_model));
+    let model = DecoderGraph::open(&model_path).with_context(|| format!("model {} (pass --model)", model_path.display()))?;
+    let text = ModelText::open(&model_path)?;
+    let net = HyperNet::load(&args.hypernet, &model)?;
+    let pairs = load_pairs(&args.context)?;
+    let loaded = start.elapsed().as_secs_f64();
+    let synth_start = Instant::now();
+    let refs: Vec<_> = pairs.iter().collect();
+    let context = render_context(&text, &net.config.template, &refs, net.config.context_tokens)?;
+    let adapter = net.synthesize(&model, &context)?;
+    let synth = synth_start.elapsed().as_secs_f64();
+    adapter.save(&args.out)?;
+    println!("synthesized {} LoRA modules (rank {}) from {} examples / {} context tokens -> {}", adapter.modules.len(), adapter.config.r, pairs.len(), context.len(), args.out.display());
+    println!("synth seconds: {synth:.3} (loading {loaded:.3})");
+    if let Some(rss) = peak_rss_mib() {
+        println!("peak RSS MiB: {rss:.0}");
+    }
+    Ok(())
+}

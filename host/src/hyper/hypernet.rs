@@ -1,0 +1,128 @@
+//! The hypernetwork as a whole: configuration, embedder LoRA and heads; its
+//! parameters as one flat list (embedder `A, B` per module, then the heads),
+//! synthesis (one forward pass) and the on-disk form
+//! (`hypernet.json` + `hypernet.safetensors`).
+use super::config::HyperConfig;
+use super::embedder::embed_forward;
+use super::heads::Heads;
+use crate::lora::peft::peft_key;
+use crate::lora::tensor_file::TensorFile;
+use crate::lora::Adapter;
+use crate::tensor::Tensor;
+use crate::train::atomic_write::write_atomic;
+use crate::train::decoder_graph::DecoderGraph;
+use crate::train::graph::TrainableModel;
+use crate::autograd::counter_rng;
+use crate::{Error, Result};
+use std::path::Path;
+
+/// Configuration file inside a hypernetwork directory.
+pub const CONFIG_FILE: &str = "hypernet.json";
+/// Weights file inside a hypernetwork directory.
+pub const WEIGHTS_FILE: &str = "hypernet.safetensors";
+
+/// Embedder LoRA + heads.
+#[derive(Clone, Debug)]
+pub struct HyperNet {
+    /// Hyper-parameters.
+    pub config: HyperConfig,
+    /// The trainable embedder LoRA on the frozen LLM.
+    pub embedder: Adapter,
+    /// Embedding-to-matrix heads.
+    pub heads: Heads,
+}
+
+impl HyperNet {
+    /// A fresh hypernetwork for `model`: embedder LoRA with PEFT's init
+    /// (B = 0, so the embedder starts as the bidirectional base model),
+    /// heads emitting `common` (or PEFT's init) until trained.
+    pub fn init(config: HyperConfig, model: &DecoderGraph, common: Option<&Adapter>, seed: u64) -> Result<HyperNet> {
+        config.check()?;
+        let projections = model.projections();
+        let embedder = Adapter::init(config.embed_lora(), &projections, counter_rng::derive(seed, 7))?;
+        let heads = Heads::new(config.variant, model.config().hidden_size, config.bottleneck, &config.out_lora(), &projections, common, counter_rng::derive(seed, 8))?;
+        Ok(HyperNet { config, embedder, heads })
+    }
+
+    /// Number of leading entries of [`HyperNet::params`] that belong to the embedder.
+    pub fn embedder_len(&self) -> usize {
+        2 * self.embedder.modules.len()
+    }
+
+    /// All parameters, flat (optimizer order).
+    pub fn params(&self) -> Vec<Tensor> {
+        let mut p: Vec<Tensor> = self.embedder.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+        p.extend(self.heads.params.iter().cloned());
+        p
+    }
+
+    /// Names of [`HyperNet::params`] (safetensors keys).
+    pub fn param_names(&self) -> Vec<String> {
+        let mut n: Vec<String> = self.embedder.modules.iter().flat_map(|m| ["A", "B"].map(|w| format!("embedder/{}", peft_key(&m.name, w)))).collect();
+        n.extend(self.heads.names.iter().map(|h| format!("heads/{h}")));
+        n
+    }
+
+    /// Replaces every parameter (same order and shapes as [`HyperNet::params`]).
+    pub fn set_params(&mut self, mut params: Vec<Tensor>) -> Result<()> {
+        let e = self.embedder_len();
+        if params.len() != e + self.heads.params.len() {
+            return Err(Error::Shape { what: "hypernetwork parameters".into(), expected: vec![e + self.heads.params.len()], got: vec![params.len()] });
+        }
+        let heads = params.split_off(e);
+        for (m, pair) in self.embedder.modules.iter_mut().zip(params.chunks_exact(2)) {
+            if m.a.shape != pair[0].shape || m.b.shape != pair[1].shape {
+                return Err(Error::Shape { what: format!("embedder LoRA of {}", m.name), expected: [m.a.shape.clone(), m.b.shape.clone()].concat(), got: [pair[0].shape.clone(), pair[1].shape.clone()].concat() });
+            }
+            m.a = pair[0].clone();
+            m.b = pair[1].clone();
+        }
+        self.heads.set_params(heads)
+    }
+
+    /// Zero gradients shaped like [`HyperNet::params`].
+    pub fn zero_grads(&self) -> Vec<Tensor> {
+        self.params().iter().map(|p| Tensor::zeros(&p.shape)).collect()
+    }
+
+    /// Stage 2: the LoRA for a user whose rendered context is `context`
+    /// (token ids), in one forward pass.
+    pub fn synthesize(&self, model: &DecoderGraph, context: &[u32]) -> Result<Adapter> {
+        let pass = embed_forward(model, &self.embedder, context, None, false, &[])?;
+        let (outs, _) = self.heads.forward(&pass.embedding)?;
+        Ok(self.heads.to_adapter(outs, self.config.out_lora()))
+    }
+
+    /// Writes `dir/hypernet.json` and `dir/hypernet.safetensors` atomically.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut f = TensorFile::default();
+        for (name, t) in self.param_names().into_iter().zip(self.params()) {
+            f.tensors.insert(name, t);
+        }
+        write_atomic(&dir.join(WEIGHTS_FILE), &f.to_bytes()?)?;
+        let json = serde_json::to_vec_pretty(&self.config).expect("config serialises");
+        write_atomic(&dir.join(CONFIG_FILE), &json)
+    }
+
+    /// Reads a hypernetwork directory for `model` (the head layout follows
+    /// the model's projections; every tensor must be present with its shape).
+    pub fn load(dir: &Path, model: &DecoderGraph) -> Result<HyperNet> {
+        let cpath = dir.join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
+        let config: HyperConfig = serde_json::from_str(&text).map_err(|e| Error::format(cpath.display().to_string(), e.to_string()))?;
+        let mut net = HyperNet::init(config, model, None, 0)?;
+        let wpath = dir.join(WEIGHTS_FILE);
+        let what = wpath.display().to_string();
+        let f = TensorFile::read(&wpath)?;
+        if f.tensors.len() != net.param_names().len() {
+            return Err(Error::format(&what, format!("{} tensors, the configuration needs {}", f.tensors.len(), net.param_names().len())));
+        }
+        let params = net.param_names().iter().map(|n| f.get(n, &what).cloned()).collect::<Result<Vec<_>>>()?;
+        if params.iter().any(|t| t.data.iter().any(|v| !v.is_finite())) {
+            return Err(Error::NonFinite(format!("{what}: hypernetwork weights")));
+        }
+        net.set_params(params)?;
+        Ok(net)
+    }
+}

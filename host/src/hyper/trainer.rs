@@ -1,0 +1,222 @@
+//! The population training loop (off device): stage 1a (SimCSE on the
+//! embedder LoRA) then stage 1b (end to end with distillation), AdamW with
+//! warm-up + decay and clipping per stage, a commit after every step.
+//! Users, context splits and dropout derive from (seed, step), so a resumed
+//! run continues exactly where the killed one committed.
+use super::commit::{HyperRecord, HyperState, Stage};
+use super::embedder::{embed_backward, embed_forward, view_seed};
+use super::end_to_end::{user_loss_and_grads, E2eOptions};
+use super::hypernet::HyperNet;
+use super::simcse::{simcse_forward_backward, TEMPERATURE};
+use super::users::{permutation, render_context, sample_user, UserRecord};
+use crate::autograd::counter_rng;
+use crate::lora::Adapter;
+use crate::optim::adamw::{AdamW, AdamWConfig};
+use crate::optim::schedule::{clip_grad_norm, Decay, Schedule};
+use crate::tensor::Tensor;
+use crate::train::atomic_write::write_atomic;
+use crate::train::data::Encoder;
+use crate::train::decoder_graph::DecoderGraph;
+use crate::train::graph::TrainableModel;
+use crate::train::metrics::loss_svg;
+use crate::train::trainer::example_index;
+use crate::{Error, Result};
+use std::path::Path;
+use std::time::Instant;
+
+/// Everything that defines a hypernetwork training run (besides the network's own config).
+#[derive(Clone, Debug)]
+pub struct HyperTrainConfig {
+    /// Stage 1a steps.
+    pub simcse_steps: u64,
+    /// Stage 1b steps.
+    pub e2e_steps: u64,
+    /// Users sampled per step (SimCSE in-batch negatives; averaged in 1b).
+    pub users_per_step: usize,
+    /// Scored examples per user in 1b (the rest is context).
+    pub target_examples: usize,
+    /// Target example length cap in tokens.
+    pub max_len: usize,
+    /// Weight of the KL to the ICL teacher (0 = off).
+    pub kl_weight: f32,
+    /// Peak learning rate of stage 1a.
+    pub simcse_lr: f32,
+    /// Peak learning rate of stage 1b.
+    pub lr: f32,
+    /// Warm-up steps of each stage.
+    pub warmup: u64,
+    /// Decay after warm-up.
+    pub decay: Decay,
+    /// Optimizer.
+    pub adamw: AdamWConfig,
+    /// Clip the global gradient norm.
+    pub max_grad_norm: Option<f32>,
+    /// Run seed.
+    pub seed: u64,
+    /// Recompute every layer in the backward (memory for time).
+    pub recompute: bool,
+}
+
+/// Options besides the configuration.
+pub struct HyperRun {
+    /// Continue from the commit in the output directory.
+    pub resume: bool,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// Stop after this many steps in this invocation (tests).
+    pub stop_after: Option<u64>,
+}
+
+fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| bytes.iter().for_each(|&b| h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    eat(format!("{config:?}{:?}", net.config).as_bytes());
+    for u in users {
+        eat(u.user.as_bytes());
+        u.examples.iter().for_each(|p| eat(format!("{}\u{1}{}\u{2}", p.query, p.response).as_bytes()));
+    }
+    format!("{h:016x}")
+}
+
+/// Runs (or resumes) hypernetwork training into `out`: `commit.safetensors`
+/// after every step, `metrics.jsonl`, and at the end `hypernet/` and
+/// `loss.svg`. `fresh` builds the initial network.
+#[allow(clippy::too_many_arguments)]
+pub fn hypertrain(
+    model: &DecoderGraph,
+    enc: &dyn Encoder,
+    users: &[UserRecord],
+    fresh: HyperNet,
+    teacher: Option<&Adapter>,
+    config: &HyperTrainConfig,
+    out: &Path,
+    run: HyperRun,
+) -> Result<HyperState> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let fp = fingerprint(config, &fresh, users);
+    let mut state = match HyperState::load(out, model)? {
+        Some(s) if run.resume => {
+            if s.fingerprint != fp {
+                return Err(Error::invalid("--resume", "the commit was made with a different configuration or data"));
+            }
+            s
+        }
+        Some(_) => return Err(Error::invalid(out.display().to_string(), "holds a run's commit; pass --resume to continue it or choose another --out")),
+        None => HyperState { adamw: AdamW::new(config.adamw, &fresh.params()), net: fresh, step: 0, seed: config.seed, history: Vec::new(), fingerprint: fp },
+    };
+    let total = config.simcse_steps + config.e2e_steps;
+    let bar = run.progress.then(|| {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len}  {msg}").expect("static template").progress_chars("=> "));
+        bar.set_position(state.step);
+        bar
+    });
+    let recompute = vec![config.recompute; model.layer_count()];
+    let mut done_here = 0;
+    while state.step < total && run.stop_after.is_none_or(|n| done_here < n) {
+        if state.step == config.simcse_steps && config.simcse_steps > 0 {
+            // Stage 1b starts with fresh moments: the heads had none in 1a.
+            state.adamw = AdamW::new(config.adamw, &state.net.params());
+        }
+        let record = step(model, enc, users, teacher, config, &recompute, &mut state)?;
+        state.history.push(record.clone());
+        state.commit(out)?;
+        write_metrics(out, &state.history)?;
+        if let Some(bar) = &bar {
+            bar.set_position(state.step);
+            bar.set_message(format!("{:?} loss {:.4} (ce {:.4} kl {:.4})", record.stage, record.loss, record.ce, record.kl));
+        }
+        done_here += 1;
+    }
+    if state.step >= total {
+        state.net.save(&out.join("hypernet"))?;
+        let losses: Vec<f32> = state.history.iter().map(|r| r.loss as f32).collect();
+        write_atomic(&out.join("loss.svg"), loss_svg("hypernetwork training loss", &losses).as_bytes())?;
+    }
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    Ok(state)
+}
+
+fn write_metrics(out: &Path, history: &[HyperRecord]) -> Result<()> {
+    let text: String = history.iter().map(|r| serde_json::to_string(r).expect("record serialises") + "\n").collect();
+    write_atomic(&out.join("metrics.jsonl"), text.as_bytes())
+}
+
+/// The users of step `step` (a fresh permutation every epoch).
+fn step_users<'a>(users: &'a [UserRecord], seed: u64, step: u64, n: usize) -> Vec<&'a UserRecord> {
+    (0..n as u64).map(|j| &users[example_index(seed, step * n as u64 + j, users.len())]).collect()
+}
+
+fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, recompute: &[bool], state: &mut HyperState) -> Result<HyperRecord> {
+    let start = Instant::now();
+    let n = config.users_per_step.clamp(2, users.len());
+    let picks = step_users(users, state.seed, state.step, n);
+    let mut grads = state.net.zero_grads();
+    let simcse = state.step < config.simcse_steps;
+    let (loss, ce, kl) = if simcse {
+        (simcse_step(model, enc, &picks, recompute, state, &mut grads)?, 0.0, 0.0)
+    } else {
+        let (mut loss, mut ce, mut kl) = (0.0, 0.0, 0.0);
+        for (j, u) in picks.iter().enumerate() {
+            let s = counter_rng::derive(counter_rng::derive(state.seed, state.step), j as u64);
+            let cfg = &state.net.config;
+            let batch = sample_user(enc, &cfg.template, cfg.context_tokens, u, s, config.target_examples, config.max_len)?;
+            let dropout_seed = (cfg.embed_dropout > 0.0).then(|| view_seed(state.seed, state.step, j as u64, 0));
+            let opts = E2eOptions { kl_weight: config.kl_weight, teacher_lora: teacher, dropout_seed, recompute: recompute.to_vec(), head_chunk: 64 };
+            let l = user_loss_and_grads(model, &state.net, &batch, &opts, 1.0 / n as f32, &mut grads)?;
+            loss += l.total / n as f64;
+            ce += l.ce / n as f64;
+            kl += l.kl / n as f64;
+        }
+        (loss, ce, kl)
+    };
+    if !loss.is_finite() || grads.iter().any(|g| g.data.iter().any(|v| !v.is_finite())) {
+        return Err(Error::NonFinite(format!("hypernetwork loss or gradients at step {}", state.step + 1)));
+    }
+    let grad_norm = clip_grad_norm(&mut grads, config.max_grad_norm.unwrap_or(f32::INFINITY));
+    let (lr, local, stage_steps) = match simcse {
+        true => (config.simcse_lr, state.step, config.simcse_steps),
+        false => (config.lr, state.step - config.simcse_steps, config.e2e_steps),
+    };
+    let lr = Schedule { lr, warmup: config.warmup, total: stage_steps, decay: config.decay }.lr_at(local);
+    let mut params = state.net.params();
+    let frozen_heads = simcse.then(|| params[state.net.embedder_len()..].to_vec());
+    state.adamw.update(&mut params, &grads, lr)?;
+    if let Some(heads) = frozen_heads {
+        // 1a trains the embedder only: weight decay must not touch the heads.
+        params.truncate(state.net.embedder_len());
+        params.extend(heads);
+    }
+    state.net.set_params(params)?;
+    state.step += 1;
+    let stage = if simcse { Stage::Simcse } else { Stage::EndToEnd };
+    Ok(HyperRecord { step: state.step, stage, loss, ce, kl, lr, grad_norm, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// Stage 1a: two dropout views of each picked user's context, InfoNCE over
+/// the batch, gradients into the embedder LoRA.
+fn simcse_step(model: &DecoderGraph, enc: &dyn Encoder, picks: &[&UserRecord], recompute: &[bool], state: &HyperState, grads: &mut [Tensor]) -> Result<f64> {
+    let cfg = &state.net.config;
+    let mut passes = Vec::with_capacity(2 * picks.len());
+    for (j, u) in picks.iter().enumerate() {
+        let order = permutation(counter_rng::derive(counter_rng::derive(state.seed, state.step), j as u64), u.examples.len());
+        let pairs: Vec<_> = order.iter().map(|&i| &u.examples[i]).collect();
+        let context = render_context(enc, &cfg.template, &pairs, cfg.context_tokens)?;
+        for view in 0..2 {
+            let seed = Some(view_seed(state.seed, state.step, j as u64, view));
+            passes.push(embed_forward(model, &state.net.embedder, &context, seed, true, recompute)?);
+        }
+    }
+    let z1: Vec<Vec<f32>> = passes.iter().step_by(2).map(|p| p.embedding.clone()).collect();
+    let z2: Vec<Vec<f32>> = passes.iter().skip(1).step_by(2).map(|p| p.embedding.clone()).collect();
+    let out = simcse_forward_backward(&z1, &z2, TEMPERATURE)?;
+    for (i, pass) in passes.iter_mut().enumerate() {
+        let dz = if i % 2 == 0 { &out.dz1[i / 2] } else { &out.dz2[i / 2] };
+        for (g, d) in grads.iter_mut().zip(embed_backward(pass, dz)?) {
+            g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d);
+        }
+    }
+    Ok(out.loss)
+}
