@@ -241,7 +241,7 @@ impl Tape {
         let _time = super::profile::timer("gdn", true);
         let d = weights.dims;
         let rows = self.value(qkv).rows();
-        if seq == 0 || rows % seq != 0 {
+        if seq == 0 || !rows.is_multiple_of(seq) {
             return Err(Error::Shape { what: "gdn rows (batch * seq)".into(), expected: vec![seq], got: vec![rows] });
         }
         check_width("gdn qkv", self.value(qkv), d.conv_dim(), rows)?;
@@ -266,7 +266,7 @@ impl Tape {
     pub fn query_of(&mut self, q_full: Var, head_dim: usize) -> Result<Var> {
         let _time = super::profile::timer("attn-gate", true);
         let f = self.value(q_full);
-        if head_dim == 0 || f.last_dim() % (2 * head_dim) != 0 {
+        if head_dim == 0 || !f.last_dim().is_multiple_of(2 * head_dim) {
             return Err(Error::Shape { what: "query_of input".into(), expected: vec![2 * head_dim], got: f.shape.clone() });
         }
         let data: Vec<f32> = f.data.chunks_exact(2 * head_dim).flat_map(|h| h[..head_dim].iter().copied()).collect();
@@ -279,7 +279,7 @@ impl Tape {
     pub fn output_gate(&mut self, attn: Var, q_full: Var, head_dim: usize) -> Result<Var> {
         let _time = super::profile::timer("attn-gate", true);
         let (x, f) = (self.value(attn), self.value(q_full));
-        if head_dim == 0 || x.len() * 2 != f.len() || x.len() % head_dim != 0 {
+        if head_dim == 0 || x.len() * 2 != f.len() || !x.len().is_multiple_of(head_dim) {
             return Err(Error::Shape { what: "output_gate attn / q_full".into(), expected: vec![2 * x.len()], got: f.shape.clone() });
         }
         let mut y = x.clone();
@@ -408,6 +408,20 @@ mod tests {
             let e = rel_err(&got.data, &fd);
             assert!(e < 1e-4, "input {i}: rel err {e}");
         }
+    }
+
+    #[test]
+    fn wrong_shapes_are_errors_not_panics() {
+        let w = Arc::new(weights());
+        let d = w.dims;
+        let mut tape = Tape::new();
+        let mut var = |rows: usize, width: usize| tape.constant(Tensor::zeros(&[rows, width]));
+        let (qkv, z, b, a) = (var(10, d.conv_dim()), var(10, d.value_dim()), var(10, d.n_v_head), var(10, d.n_v_head));
+        let bad_z = var(10, d.value_dim() + 1);
+        assert!(tape.gdn(qkv, z, b, a, &w, 3).is_err(), "10 rows are not sequences of 3");
+        assert!(tape.gdn(qkv, bad_z, b, a, &w, 5).is_err(), "z width");
+        assert!(tape.gdn(qkv, z, b, a, &w, 5).is_ok());
+        assert!(tape.query_of(qkv, 3).is_err(), "{} is not a multiple of 6", d.conv_dim());
     }
 
     #[test]
