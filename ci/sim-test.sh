@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Builds the firmware self-test suite for Hexagon (v67 CPU, HVX v66 integer)
-# and runs it under qemu-hexagon. The suite is the same one `cargo test -p
-# hexlora-dsp` runs natively (dsp/src/selftest). Its last line is
-# `N passed, M failed`; this script fails when M > 0 or the run crashes.
-# Extra arguments go to the suite (a test-name filter, --dump-log).
+# Builds the firmware for Hexagon (v67 CPU, HVX v66 integer) and runs it
+# under qemu-hexagon:
+# 1. the self-test suite, the same one `cargo test -p hexlora-dsp` runs
+#    natively (dsp/src/selftest). Its last line is `N passed, M failed`;
+#    this script fails when M > 0 or the run crashes. Extra arguments go to
+#    the suite (a test-name filter, --dump-log);
+# 2. the projection service (dsp/src/bin/sim_service.rs) behind the host's
+#    simulator transport: the host tests that kill, hang and compare it
+#    (host/tests/npu_transports.rs), with HEXLORA_SIM_SERVICE naming it.
+#
+# `ci/sim-test.sh --build-service` only builds the service and prints its
+# path as the last line (ci/test.sh exports it before the native tests,
+# whose simulator parts fail in CI without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source toolchain/hexagon-env.sh
@@ -13,10 +21,20 @@ if ! command -v qemu-hexagon >/dev/null; then
     exit 1
 fi
 
-RUSTFLAGS="$(hexagon_rustflags sim)" "${HEXAGON_CARGO[@]}" build "${HEXAGON_BUILD[@]}" \
-    -p hexlora-dsp --features sim --bin selftest
-elf="$HEXAGON_OUT/debug/selftest"
+build() {
+    RUSTFLAGS="$(hexagon_rustflags sim)" "${HEXAGON_CARGO[@]}" build "${HEXAGON_BUILD[@]}" \
+        -p hexlora-dsp --features sim --bin "$1" >&2
+}
 
+service="$HEXAGON_OUT/debug/sim_service"
+build sim_service
+if [ "${1:-}" = --build-service ]; then
+    echo "$service"
+    exit 0
+fi
+
+build selftest
+elf="$HEXAGON_OUT/debug/selftest"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 status=0
@@ -25,4 +43,8 @@ if ! grep -Eq '^[0-9]+ passed, [0-9]+ failed$' "$out"; then
     echo "ci/sim-test.sh: the suite did not finish (qemu exit status $status)" >&2
     exit 1
 fi
-exit "$status"
+[ "$status" = 0 ] || exit "$status"
+
+echo "== host simulator transport against the Hexagon service"
+( unset RUSTC RUSTC_BOOTSTRAP
+  HEXLORA_SIM_SERVICE="$service" cargo test -p hexlora --test npu_transports simulator )

@@ -10,6 +10,10 @@ bash toolchain/install.sh
 bash toolchain/fetch-models.sh || echo "WARNING: model fetch failed; SmolLM2 tests will skip"
 bash toolchain/fetch-bench-data.sh || echo "WARNING: benchmark data fetch failed; data tests will skip"
 
+echo "== Hexagon projection service (the simulator transport tests below need it)"
+HEXLORA_SIM_SERVICE=$(bash ci/sim-test.sh --build-service | tail -n 1)
+export HEXLORA_SIM_SERVICE
+
 echo "== native tests"
 cargo test --workspace
 

@@ -162,19 +162,42 @@ impl Layout {
 /// methods, and only while no request is in flight (the client's lock),
 /// so it never aliases what the service reads or writes.
 pub struct Region {
-    map: MmapMut,
+    base: *mut u8,
     layout: Layout,
+    _backing: Backing,
 }
 
-// SAFETY: the mapping is owned memory; concurrent access by the service is
-// ordered by the transport's request/response handshake.
+/// What owns the region's memory; held only so that dropping the region
+/// releases it.
+#[allow(dead_code)]
+enum Backing {
+    /// A memmap2 mapping (anonymous or of a file).
+    Map(MmapMut),
+    /// Memory from elsewhere (rpcmem), released by the closure.
+    External(ExternalFree),
+}
+
+/// Releases external memory once.
+struct ExternalFree(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for ExternalFree {
+    fn drop(&mut self) {
+        if let Some(free) = self.0.take() {
+            free();
+        }
+    }
+}
+
+// SAFETY: the memory is owned by the region (mapping or external block);
+// concurrent access by the service is ordered by the transport's
+// request/response handshake.
 unsafe impl Send for Region {}
 
 impl Region {
     /// An anonymous mapping (in-process and shared-memory transports).
     pub fn anonymous(layout: Layout) -> Result<Region> {
         let map = MmapMut::map_anon(layout.total).map_err(|e| Error::Npu(format!("cannot map {} bytes of shared memory: {e}", layout.total)))?;
-        Ok(Region { map, layout })
+        Ok(Region::over_map(map, layout))
     }
 
     /// A mapping of `file`, resized to the layout (simulator transport).
@@ -183,7 +206,22 @@ impl Region {
         // SAFETY: the file is ours (created by the transport); only the
         // service child maps it besides us, under the mailbox protocol.
         let map = unsafe { MmapMut::map_mut(file) }.map_err(|e| Error::io(path, e))?;
-        Ok(Region { map, layout })
+        Ok(Region::over_map(map, layout))
+    }
+
+    fn over_map(mut map: MmapMut, layout: Layout) -> Region {
+        Region { base: map.as_mut_ptr(), layout, _backing: Backing::Map(map) }
+    }
+
+    /// A region over memory allocated elsewhere (rpcmem on a device);
+    /// `free` releases it when the region is dropped.
+    ///
+    /// # Safety
+    /// `base` must point to `layout.total` bytes, readable and writable,
+    /// aligned to a page, valid until `free` runs, and used by nothing but
+    /// the service besides this region.
+    pub unsafe fn external(base: *mut u8, layout: Layout, free: Box<dyn FnOnce() + Send>) -> Region {
+        Region { base, layout, _backing: Backing::External(ExternalFree(Some(free))) }
     }
 
     /// The layout.
@@ -193,7 +231,7 @@ impl Region {
 
     /// Start of the mapping, for the service side.
     pub fn base(&mut self) -> *mut u8 {
-        self.map.as_mut_ptr()
+        self.base
     }
 
     /// Copies `bytes` into buffer `buf` (0 weights, 1 input, 2 output) at
@@ -211,7 +249,7 @@ impl Region {
         // be polling the header meanwhile.
         // SAFETY: the range lies inside the mapping (checked above) and the
         // service does not touch buffers between requests.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.as_mut_ptr().add(start + offset), bytes.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(start + offset), bytes.len()) };
         Ok(())
     }
 
@@ -222,7 +260,7 @@ impl Region {
             return Err(Error::Npu(format!("read of {len} bytes at {offset} past the {} buffer", BUFFER_NAMES[buf])));
         }
         // SAFETY: as in write(); the slice covers only this buffer range.
-        Ok(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(start + offset), len) })
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(start + offset), len) })
     }
 
     /// `(start, len)` of buffer `buf` (0 weights, 1 input, 2 output).

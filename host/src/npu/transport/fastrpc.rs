@@ -1,0 +1,163 @@
+//! A real DSP through FastRPC (feature `fastrpc`). COMPILE-CHECKED ONLY:
+//! this machine has no Snapdragon device, so nothing here has run.
+//!
+//! As llama.cpp's Hexagon backend does, `libcdsprpc.so` is loaded at run
+//! time (libloading) rather than linked, so a host binary built with the
+//! feature still starts on machines without it (and says so). The shared
+//! buffers are one rpcmem allocation (zero-copy on a device), laid out like
+//! every other transport's region; each request is one synchronous
+//! `remote_handle64_invoke` of the skel's method 2 with the same `remote_arg`
+//! layout the in-process transport builds (in: request, weights, input;
+//! out: response, output). The skel library (`ci/build-skel.sh`) must be
+//! on the DSP's library path (`ADSP_LIBRARY_PATH`); the Hexagon SDK
+//! (HEXAGON_SDK_ROOT) is needed to sign it, not to build this transport.
+use super::{Fault, Layout, Region, Transport, TransportKind, INPUT, OUTPUT, WEIGHTS};
+use crate::{Error, Result};
+use hexlora_dsp::skel::{self, abi::AEE_SUCCESS, RemoteArg, RemoteBuf, Scalars, RESPONSE_BUF_BYTES};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::time::Duration;
+
+/// The skel's URI on the compute DSP.
+const URI: &str = "file:///libhexlora_skel.so?hexlora_skel_handle_invoke&_modver=1.0&_dom=cdsp";
+/// `RPCMEM_HEAP_ID_SYSTEM`.
+const RPCMEM_HEAP_ID_SYSTEM: c_int = 25;
+/// `RPCMEM_DEFAULT_FLAGS`.
+const RPCMEM_DEFAULT_FLAGS: u32 = 1;
+
+type RpcmemAlloc = unsafe extern "C" fn(heapid: c_int, flags: u32, size: c_int) -> *mut c_void;
+type RpcmemFree = unsafe extern "C" fn(po: *mut c_void);
+type HandleOpen = unsafe extern "C" fn(name: *const c_char, handle: *mut u64) -> c_int;
+type HandleInvoke = unsafe extern "C" fn(handle: u64, scalars: u32, args: *mut RemoteArg) -> c_int;
+type HandleClose = unsafe extern "C" fn(handle: u64) -> c_int;
+
+/// The entry points used, resolved once.
+struct Api {
+    open: HandleOpen,
+    invoke: HandleInvoke,
+    close: HandleClose,
+}
+
+/// The FastRPC transport.
+pub struct FastRpc {
+    api: Api,
+    handle: u64,
+    region: Region,
+    response: Option<Vec<u8>>,
+    /// Declared last: dropped after the region has been freed through it.
+    _lib: std::sync::Arc<libloading::Library>,
+}
+
+fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
+    // SAFETY: each type alias above is the C prototype of `name` in the
+    // Hexagon SDK's remote.h / rpcmem.h.
+    unsafe { lib.get::<T>(name.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| Error::Npu(format!("libcdsprpc.so has no {name}: {e}")))
+}
+
+impl FastRpc {
+    /// Loads libcdsprpc.so, allocates the region in rpcmem and opens the
+    /// skel.
+    pub fn new(layout: Layout) -> Result<FastRpc> {
+        // SAFETY: loading runs the library's initialisers, as linking would.
+        let lib = unsafe { libloading::Library::new("libcdsprpc.so") }
+            .map_err(|e| Error::Npu(format!("cannot load libcdsprpc.so (no FastRPC on this machine?): {e}")))?;
+        let lib = std::sync::Arc::new(lib);
+        let alloc: RpcmemAlloc = symbol(&lib, "rpcmem_alloc")?;
+        let free: RpcmemFree = symbol(&lib, "rpcmem_free")?;
+        let api = Api { open: symbol(&lib, "remote_handle64_open")?, invoke: symbol(&lib, "remote_handle64_invoke")?, close: symbol(&lib, "remote_handle64_close")? };
+        let size = c_int::try_from(layout.total).map_err(|_| Error::Npu(format!("rpcmem cannot allocate {} bytes", layout.total)))?;
+        // SAFETY: rpcmem_alloc returns null or `size` bytes of shared memory.
+        let base = unsafe { alloc(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, size) };
+        if base.is_null() {
+            return Err(Error::Npu(format!("rpcmem_alloc of {} bytes failed", layout.total)));
+        }
+        let keep = std::sync::Arc::clone(&lib);
+        let base_addr = base as usize;
+        let release = Box::new(move || {
+            // SAFETY: allocated above by rpcmem_alloc; `keep` holds the library.
+            unsafe { free(base_addr as *mut c_void) };
+            drop(keep);
+        });
+        // SAFETY: rpcmem memory is page-aligned, `size` bytes, ours alone.
+        let region = unsafe { Region::external(base.cast(), layout, release) };
+        let mut t = FastRpc { api, handle: 0, region, response: None, _lib: lib };
+        t.handle = t.open()?;
+        Ok(t)
+    }
+
+    fn open(&mut self) -> Result<u64> {
+        let uri = CString::new(URI).map_err(|_| Error::Npu("URI holds a NUL".into()))?;
+        let mut handle = 0u64;
+        // SAFETY: uri is NUL-terminated, handle writable.
+        let code = unsafe { (self.api.open)(uri.as_ptr(), &mut handle) };
+        if code != AEE_SUCCESS {
+            return Err(Error::Npu(format!("remote_handle64_open({URI}) failed with {code:#x}")));
+        }
+        Ok(handle)
+    }
+
+    fn call(&mut self, request: &[u8]) -> std::result::Result<Vec<u8>, Fault> {
+        let mut req = request.to_vec();
+        let mut resp = [0u8; RESPONSE_BUF_BYTES];
+        let base = self.region.base();
+        let remote = |(off, len): (usize, usize)| RemoteArg {
+            // SAFETY (of the add): off lies inside the region (Layout).
+            buf: RemoteBuf { pv: unsafe { base.add(off) }.cast(), len },
+        };
+        let arg = |b: &mut [u8]| RemoteArg { buf: RemoteBuf { pv: b.as_mut_ptr().cast(), len: b.len() } };
+        let mut args = [
+            arg(&mut req),
+            remote(self.region.buffer(WEIGHTS)),
+            remote(self.region.buffer(INPUT)),
+            arg(&mut resp),
+            remote(self.region.buffer(OUTPUT)),
+        ];
+        let sc = Scalars::make(skel::METHOD_CALL, 3, 2);
+        // SAFETY: args holds the 5 buffers sc describes, alive for the call.
+        let code = unsafe { (self.api.invoke)(self.handle, sc.0, args.as_mut_ptr()) };
+        if code != AEE_SUCCESS {
+            // A dead DSP process domain shows up here (AEE_ENOSUCH and
+            // friends); the client restarts the session.
+            return Err(Fault::Crashed(format!("remote_handle64_invoke failed with {code:#x}")));
+        }
+        let len = u32::from_le_bytes([resp[0], resp[1], resp[2], resp[3]]) as usize;
+        resp.get(4..4 + len).map(<[u8]>::to_vec).ok_or_else(|| Fault::Transport(format!("response length {len} past the buffer")))
+    }
+}
+
+impl Transport for FastRpc {
+    fn kind(&self) -> TransportKind {
+        TransportKind::FastRpc
+    }
+
+    fn region(&mut self) -> &mut Region {
+        &mut self.region
+    }
+
+    fn post(&mut self, request: &[u8]) -> std::result::Result<(), Fault> {
+        self.response = Some(self.call(request)?);
+        Ok(())
+    }
+
+    /// The call was synchronous; a hang inside it cannot be timed out from
+    /// here (FastRPC has no cancellation), which is a known limit.
+    fn wait(&mut self, _timeout: Duration) -> std::result::Result<Vec<u8>, Fault> {
+        self.response.take().ok_or_else(|| Fault::Transport("wait without a posted request".into()))
+    }
+
+    fn restart(&mut self) -> Result<()> {
+        // SAFETY: closes the handle opened in open().
+        unsafe { (self.api.close)(self.handle) };
+        self.response = None;
+        self.handle = self.open()?;
+        Ok(())
+    }
+}
+
+impl Drop for FastRpc {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from open().
+        unsafe { (self.api.close)(self.handle) };
+    }
+}
