@@ -99,6 +99,10 @@ pub struct Args {
     /// in flight (the synchronous baseline; same results).
     #[arg(long)]
     no_overlap: bool,
+    /// Record each frozen product and its LoRA branch as two nodes instead
+    /// of the fused node (same results; the step-time table's baseline).
+    #[arg(long)]
+    no_fuse: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -182,7 +186,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::install()?;
     let buckets = Arc::new(Buckets::parse(&args.buckets)?);
     let (side, policy) = side_for(&args)?;
-    let split = load_split(&args.model, &side, buckets)?;
+    let split = load_split(&args.model, &side, buckets, args.no_fuse)?;
     split.state.set_synchronous(args.no_overlap);
     let model = &*split.graph;
     print!("{}", resident_table(&model.projections(), &policy));

@@ -102,15 +102,27 @@ fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets:
 }
 
 /// Loads `path` for training with every per-layer projection routed.
-pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>) -> Result<SplitModel> {
+/// `unfused` records each adapted product and its LoRA branch as two nodes
+/// (Llama/Qwen3; the step-time table's baseline) instead of the fused node
+/// that overlaps the branch with the DSP request.
+pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>, unfused: bool) -> Result<SplitModel> {
     let start = Instant::now();
     let (src, cfg) = open_source(path)?;
     let state = Arc::new(SplitState::default());
     let table = Mutex::new(RouteTable::default());
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table);
     let graph: Box<dyn TrainableModel> = match cfg.arch {
-        Arch::Qwen35 => Box::new(Qwen35Graph::load_with(&*src, cfg, &factory)?),
-        _ => Box::new(DecoderGraph::load_with(&*src, cfg, &factory)?),
+        Arch::Qwen35 => {
+            if unfused {
+                eprintln!("note: the Qwen3.5 graph has no unfused mode; --no-fuse is ignored");
+            }
+            Box::new(Qwen35Graph::load_with(&*src, cfg, &factory)?)
+        }
+        _ => {
+            let mut g = DecoderGraph::load_with(&*src, cfg, &factory)?;
+            g.set_unfused_lora(unfused);
+            Box::new(g)
+        }
     };
     let routes = table.into_inner().expect("not poisoned");
     Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })
