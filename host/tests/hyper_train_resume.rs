@@ -141,3 +141,25 @@ fn bad_state_and_bad_input_are_refused_with_a_reason() {
     let bad = HyperConfig { template: "no placeholders".into(), ..configs().0 };
     assert!(HyperNet::init(bad, &model, None, 0).is_err());
 }
+
+/// Scored examples and context are disjoint; an example whose prompt alone
+/// fills `max_len` is never scored; the context respects its budget.
+#[test]
+fn user_split_is_disjoint_and_skips_examples_that_do_not_fit() {
+    use hexlora::hyper::users::{render_example, sample_user};
+    let mut user = users().remove(0);
+    user.examples.push(Pair { query: "x".repeat(100), response: "long".into() });
+    let n = user.examples.len();
+    for seed in 0..20 {
+        let b = sample_user(&ByteText, "Q {query} R {response};", 30, &user, seed, 2, 40).unwrap();
+        assert_eq!(b.examples.len(), 2);
+        assert!(b.context.len() <= 30 && !b.context.is_empty());
+        let scored: Vec<usize> = (0..n).filter(|&i| b.examples.contains(&render_example(&ByteText, &user.examples[i], 40).unwrap())).collect();
+        assert_eq!(scored.len(), 2, "seed {seed}");
+        assert!(!scored.contains(&(n - 1)), "the oversized example is never scored");
+        for &i in &scored {
+            let rendered = ByteText.encode(&format!("Q {} R {};", user.examples[i].query, user.examples[i].response)).unwrap();
+            assert!(!b.context.windows(rendered.len()).any(|w| w == rendered.as_slice()), "seed {seed}: scored example {i} also in the context");
+        }
+    }
+}

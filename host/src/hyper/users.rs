@@ -97,24 +97,27 @@ pub fn permutation(seed: u64, n: usize) -> Vec<usize> {
 }
 
 /// Splits a user's examples into two disjoint sets with `seed`: up to
-/// `targets` (at least one) scored examples and the rest as context; the
-/// teacher's prefix is the context in a fresh order.
-#[allow(clippy::too_many_arguments)]
+/// `targets` (at least one) scored examples, taken in seeded order among
+/// those that keep a response token within `max_len`, and the rest as
+/// context; the teacher's prefix is the context in a fresh order.
 pub fn sample_user(enc: &dyn Encoder, template: &str, budget: usize, user: &UserRecord, seed: u64, targets: usize, max_len: usize) -> Result<UserBatch> {
     let order = permutation(seed, user.examples.len());
     let n_t = targets.clamp(1, user.examples.len() - 1);
-    let ctx: Vec<&Pair> = order[n_t..].iter().map(|&i| &user.examples[i]).collect();
-    let teacher: Vec<&Pair> = permutation(counter_rng::derive(seed, 1), ctx.len()).iter().map(|&i| ctx[i]).collect();
-    let mut examples = Vec::new();
-    for &i in &order[..n_t] {
-        let ex = render_example(enc, &user.examples[i], max_len)?;
-        if ex.labels.iter().skip(1).any(|&l| l >= 0) {
-            examples.push(ex);
+    let (mut examples, mut ctx) = (Vec::new(), Vec::new());
+    for &i in &order {
+        if examples.len() < n_t {
+            let ex = render_example(enc, &user.examples[i], max_len)?;
+            if ex.labels.iter().skip(1).any(|&l| l >= 0) {
+                examples.push(ex);
+                continue;
+            }
         }
+        ctx.push(&user.examples[i]);
     }
-    if examples.is_empty() {
-        return Err(Error::invalid(format!("user {}", user.user), format!("no target example keeps a response token within {max_len} tokens")));
+    if examples.is_empty() || ctx.is_empty() {
+        return Err(Error::invalid(format!("user {}", user.user), format!("no example keeps a response token within {max_len} tokens")));
     }
+    let teacher: Vec<&Pair> = permutation(counter_rng::derive(seed, 1), ctx.len()).iter().map(|&i| ctx[i]).collect();
     Ok(UserBatch {
         context: render_context(enc, template, &ctx, budget)?,
         examples,
