@@ -6,7 +6,10 @@ use crate::eval::harness;
 use crate::eval::lamp::read_lamp_dir;
 use crate::eval::longlamp::{read_longlamp, LongLampTask};
 use crate::eval::method::{Decoding, Method};
+use crate::eval::model_methods::{self, Budget, ModelMethodConfig};
+use crate::eval::model_runtime::EvalModel;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Evaluate a method on a benchmark split and write result JSON.
 #[derive(clap::Args)]
@@ -26,9 +29,15 @@ pub struct Args {
     /// Split for population-level preparation (common LoRA, global majority); `none` to skip.
     #[arg(long, default_value = "train")]
     train_split: String,
-    /// Method name (model-free: majority-global, majority-user, nearest-profile).
+    /// Method name: model-free majority-global, majority-user,
+    /// nearest-profile; with --model base, icl, common-lora, user-lora, mezo.
     #[arg(long)]
     method: String,
+    /// Evaluate only the first N users of the split (0 = all).
+    #[arg(long, default_value_t = 0)]
+    users: usize,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Temperatures of the sweep (0 = greedy; > 0 draws 10 samples per query).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     temperature: Vec<f32>,
@@ -43,12 +52,83 @@ pub struct Args {
     out: PathBuf,
 }
 
-/// The method named `name`. Model-backed methods (base, icl, common-lora,
-/// user-lora, mezo, hypernet) register here when their crates land.
-fn method_by_name(name: &str) -> anyhow::Result<Box<dyn Method>> {
-    baselines::by_name(name).ok_or_else(|| {
-        anyhow::anyhow!("unknown method {name:?}; available: {}", baselines::NAMES.join(", "))
-    })
+/// Settings of the model-backed methods.
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// A `.gguf` file or Hugging Face directory (needed by model-backed methods).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Profile items shown to `icl`.
+    #[arg(long, default_value_t = 4)]
+    icl_k: usize,
+    /// Cut every prompt (query, profile item) to this many characters.
+    #[arg(long, default_value_t = 700)]
+    max_prompt_chars: usize,
+    /// Cut training sequences to this many tokens.
+    #[arg(long, default_value_t = 256)]
+    max_len: usize,
+    /// LoRA rank of every adapter.
+    #[arg(long, default_value_t = 8)]
+    rank: usize,
+    /// LoRA alpha.
+    #[arg(long, default_value_t = 16.0)]
+    alpha: f32,
+    /// Comma-separated LoRA target modules.
+    #[arg(long, default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
+    targets: String,
+    /// Optimizer steps (one example each) of the common LoRA.
+    #[arg(long, default_value_t = 64)]
+    common_steps: u64,
+    /// Peak learning rate of the common LoRA (cosine decay).
+    #[arg(long, default_value_t = 1e-3)]
+    common_lr: f32,
+    /// Per-user steps (one profile example each), for user-lora and mezo.
+    #[arg(long, default_value_t = 8)]
+    user_steps: u64,
+    /// Peak learning rate of per-user backprop.
+    #[arg(long, default_value_t = 5e-4)]
+    user_lr: f32,
+    /// MeZO learning rate.
+    #[arg(long, default_value_t = 1e-4)]
+    mezo_lr: f32,
+    /// MeZO perturbation scale.
+    #[arg(long, default_value_t = 1e-2)]
+    mezo_eps: f32,
+    /// Use this PEFT adapter as the common LoRA instead of training one.
+    #[arg(long)]
+    common_adapter: Option<PathBuf>,
+    /// Training runs go here (default: `<out>/train-<task>`).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+/// The method named `name`: a model-free baseline, or a model-backed
+/// method (one entry of `model_methods`; the hypernetwork joins there).
+fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn Method>> {
+    if let Some(m) = baselines::by_name(name) {
+        return Ok(m);
+    }
+    let m = &args.model;
+    let known = || format!("{}, {}", baselines::NAMES.join(", "), model_methods::NAMES.join(", "));
+    anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
+    let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
+    let model = Arc::new(EvalModel::open(path)?);
+    let cfg = ModelMethodConfig {
+        icl_k: m.icl_k,
+        max_prompt_chars: m.max_prompt_chars,
+        max_len: m.max_len,
+        rank: m.rank,
+        alpha: m.alpha,
+        targets: m.targets.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        common: Budget { steps: m.common_steps, lr: m.common_lr },
+        user: Budget { steps: m.user_steps, lr: m.user_lr },
+        mezo_lr: m.mezo_lr,
+        mezo_eps: m.mezo_eps,
+        seed: args.seed,
+        work_dir: m.work_dir.clone().unwrap_or_else(|| args.out.join(format!("train-{task}"))),
+        common_adapter: m.common_adapter.clone(),
+    };
+    Ok(Box::new(model_methods::by_name(name, model, cfg).expect("name checked above")))
 }
 
 fn load(args: &Args, split: &str) -> anyhow::Result<Split> {
@@ -64,21 +144,27 @@ fn load(args: &Args, split: &str) -> anyhow::Result<Split> {
 
 /// Runs the sweep and writes one result per temperature.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let split = load(&args, &args.split)?;
+    let mut split = load(&args, &args.split)?;
+    if args.users > 0 {
+        split.users.truncate(args.users);
+    }
     let train = match (args.train_split.as_str(), &args.bench) {
         ("none", _) | (_, None) => None,
         (name, Some(_)) => Some(load(&args, name)?),
     };
     std::fs::create_dir_all(&args.out).map_err(|e| crate::Error::io(&args.out, e))?;
-    for decoding in Decoding::sweep(&args.temperature, args.max_new_tokens, args.seed) {
-        let mut method = method_by_name(&args.method)?;
-        let result = harness::run(method.as_mut(), train.as_ref(), &split, &args.split, &decoding)?;
-        let path = args.out.join(format!("{}-{}-{}-T{}.json", result.task, result.method, args.split, decoding.temperature));
+    let decodings = Decoding::sweep(&args.temperature, args.max_new_tokens, args.seed);
+    let mut method = method_by_name(&args.method, &args, &split.spec.name)?;
+    let results = harness::run_sweep(method.as_mut(), train.as_ref(), &split, &args.split, &decodings)?;
+    for mut result in results {
+        result.model = args.model.model.as_ref().map(|p| p.display().to_string());
+        let t = result.decoding.temperature;
+        let path = args.out.join(format!("{}-{}-{}-T{t}.json", result.task, result.method, args.split));
         result.write(&path)?;
         let s = &result.summary;
         println!(
-            "{} {} T={}: {} {:.4} (depth {:.4}) over {} users / {} queries in {:.1}s -> {}",
-            result.method, result.task, decoding.temperature, s.primary_metric, s.accuracy.or(s.rouge1).unwrap_or(0.0),
+            "{} {} T={t}: {} {:.4} (depth {:.4}) over {} users / {} queries in {:.1}s -> {}",
+            result.method, result.task, s.primary_metric, s.accuracy.or(s.rouge1).unwrap_or(0.0),
             s.depth, s.users, s.queries, result.seconds, path.display()
         );
     }

@@ -17,46 +17,67 @@ pub fn normalize_label(answer: &str, labels: &[String]) -> String {
     labels.iter().find(|l| l.eq_ignore_ascii_case(t)).cloned().unwrap_or_else(|| t.to_string())
 }
 
-/// Evaluates `method` on `split`: population preparation on `train` (if
-/// given), then per user preparation and prediction. Queries without a gold
-/// answer are an error (scoring needs them).
+/// Evaluates `method` on `split` under one decoding; see [`run_sweep`].
 pub fn run(method: &mut dyn Method, train: Option<&Split>, split: &Split, split_name: &str, decoding: &Decoding) -> Result<RunResult> {
+    let mut results = run_sweep(method, train, split, split_name, std::slice::from_ref(decoding))?;
+    Ok(results.remove(0))
+}
+
+/// Evaluates `method` on `split` under every decoding of a sweep:
+/// population preparation on `train` (if given) once, each user prepared
+/// once, then that user's queries answered under each decoding (so a
+/// per-user adapter is trained once for the whole sweep). Preparation time
+/// is counted in every result's `seconds`. Queries without a gold answer
+/// are an error (scoring needs them).
+pub fn run_sweep(method: &mut dyn Method, train: Option<&Split>, split: &Split, split_name: &str, decodings: &[Decoding]) -> Result<Vec<RunResult>> {
     let start = Instant::now();
     if let Some(train) = train {
         method.prepare_population(train)?;
     }
+    let population_seconds = start.elapsed().as_secs_f64();
     let rouge = Rouge::new();
-    let mut users = Vec::with_capacity(split.users.len());
+    let mut users: Vec<Vec<UserResult>> = vec![Vec::with_capacity(split.users.len()); decodings.len()];
+    let mut seconds = vec![population_seconds; decodings.len()];
     for user in &split.users {
+        let t = Instant::now();
         let prep = method.prepare_user(&split.spec, user)?;
-        let mut queries = Vec::with_capacity(user.queries.len());
-        for query in &user.queries {
-            let gold = query.gold.clone().ok_or_else(|| Error::invalid(&query.id, "query has no gold answer to score against"))?;
-            let answers = method.predict(&split.spec, user, query, decoding)?;
-            if answers.len() != decoding.samples {
-                return Err(Error::invalid(
-                    method.name(),
-                    format!("returned {} answers for query {}, expected {}", answers.len(), query.id, decoding.samples),
-                ));
+        let prep_seconds = t.elapsed().as_secs_f64();
+        for (d, decoding) in decodings.iter().enumerate() {
+            let t = Instant::now();
+            let mut queries = Vec::with_capacity(user.queries.len());
+            for query in &user.queries {
+                let gold = query.gold.clone().ok_or_else(|| Error::invalid(&query.id, "query has no gold answer to score against"))?;
+                let answers = method.predict(&split.spec, user, query, decoding)?;
+                if answers.len() != decoding.samples {
+                    return Err(Error::invalid(
+                        method.name(),
+                        format!("returned {} answers for query {}, expected {}", answers.len(), query.id, decoding.samples),
+                    ));
+                }
+                queries.push(score_query(&split.spec.kind, &rouge, &query.id, gold, answers));
             }
-            queries.push(score_query(&split.spec.kind, &rouge, &query.id, gold, answers));
+            seconds[d] += prep_seconds + t.elapsed().as_secs_f64();
+            let mean = queries.iter().map(|q| q.score).sum::<f64>() / queries.len().max(1) as f64;
+            users[d].push(UserResult { user: user.id.clone(), prep: prep.clone(), mean, queries });
         }
-        let mean = queries.iter().map(|q| q.score).sum::<f64>() / queries.len().max(1) as f64;
-        users.push(UserResult { user: user.id.clone(), prep, mean, queries });
     }
-    let summary = summarize(&split.spec.kind, &users);
-    Ok(RunResult {
-        schema: SCHEMA.to_string(),
-        method: method.name(),
-        task: split.spec.name.clone(),
-        split: split_name.to_string(),
-        model: None,
-        decoding: *decoding,
-        config: serde_json::Value::Null,
-        seconds: start.elapsed().as_secs_f64(),
-        summary,
-        users,
-    })
+    Ok(decodings
+        .iter()
+        .zip(users)
+        .zip(seconds)
+        .map(|((decoding, users), seconds)| RunResult {
+            schema: SCHEMA.to_string(),
+            method: method.name(),
+            task: split.spec.name.clone(),
+            split: split_name.to_string(),
+            model: None,
+            decoding: *decoding,
+            config: method.config(),
+            seconds,
+            summary: summarize(&split.spec.kind, &users),
+            users,
+        })
+        .collect())
 }
 
 /// Scores every sample of one query and averages over samples.

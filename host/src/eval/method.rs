@@ -84,6 +84,12 @@ pub trait Method {
     /// `common-lora`, `user-lora`, `mezo`, `hypernet`, ...).
     fn name(&self) -> String;
 
+    /// The settings that define this method's numbers (recorded in result
+    /// files). Default: none.
+    fn config(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
     /// Once per run, before any user: population-level work (e.g. train the
     /// common LoRA on the train split). Default: nothing.
     fn prepare_population(&mut self, _train: &Split) -> Result<()> {

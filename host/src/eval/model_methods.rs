@@ -1,0 +1,410 @@
+//! The model-backed methods, one [`MethodKind`] each: base model zero-shot,
+//! ICL with k retrieved profile items, one common LoRA for all users,
+//! per-user LoRA by backprop (Adam, initialised from the common LoRA), and
+//! per-user MeZO on the same examples. They share [`answer`] (how a prompt
+//! and an optional adapter become `decoding.samples` answers), so a new
+//! method (the hypernetwork) only has to say which adapter a user gets.
+//!
+//! Training uses the real engine: [`crate::train::trainer::train`] on the
+//! [`crate::train::decoder_graph::DecoderGraph`], [`crate::optim::mezo::Mezo`]
+//! with losses from [`crate::train::grad::evaluate`].
+use super::bench::{mail, quotes, sotu};
+use super::dataset::{ProfileItem, Query, Split, User};
+use super::method::{Decoding, Method, UserPrep};
+use super::model_runtime::EvalModel;
+use super::rouge::Rouge;
+use super::task::{TaskKind, TaskSpec};
+use crate::autograd::counter_rng;
+use crate::lora::{Adapter, LoraConfig};
+use crate::model::chat::Message;
+use crate::optim::adamw::{AdamW, AdamWConfig};
+use crate::optim::mezo::Mezo;
+use crate::optim::schedule::{Decay, Schedule};
+use crate::train::commit::TrainState;
+use crate::train::grad::evaluate;
+use crate::train::graph::Batch;
+use crate::train::trainer::{example_index, fingerprint, train, RunOptions, TrainConfig};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Names of the model-backed methods (`icl` takes its k from the config).
+pub const NAMES: [&str; 5] = ["base", "icl", "common-lora", "user-lora", "mezo"];
+
+/// Optimizer steps of one training run (one example per step).
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Budget {
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Peak learning rate (cosine decay, no warm-up).
+    pub lr: f32,
+}
+
+/// Everything the model-backed methods are configured with (written into
+/// each result file's `config`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ModelMethodConfig {
+    /// Profile items shown to `icl`.
+    pub icl_k: usize,
+    /// Prompts (query and profile items) are cut to this many characters;
+    /// the personal text sits at the end of every bundled prompt, so this
+    /// shortens the text, not the instruction.
+    pub max_prompt_chars: usize,
+    /// Training sequences are cut to this many tokens (prompt cut from the left).
+    pub max_len: usize,
+    /// LoRA rank (all adapters of a comparison share it).
+    pub rank: usize,
+    /// LoRA alpha.
+    pub alpha: f32,
+    /// Target module suffixes.
+    pub targets: Vec<String>,
+    /// The common LoRA's training on the train split.
+    pub common: Budget,
+    /// Per-user training (backprop and MeZO take the same examples).
+    pub user: Budget,
+    /// MeZO learning rate and perturbation scale.
+    pub mezo_lr: f32,
+    /// MeZO perturbation scale.
+    pub mezo_eps: f32,
+    /// Data order, adapter init, dropout, MeZO directions.
+    pub seed: u64,
+    /// Training runs go here (`common-lora/`, `user-lora/<user>/`).
+    pub work_dir: PathBuf,
+    /// Load the common LoRA from this PEFT directory instead of training it.
+    pub common_adapter: Option<PathBuf>,
+}
+
+/// Which adapter (if any) a method answers with, and how it gets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MethodKind {
+    /// The base model, zero-shot.
+    Base,
+    /// The base model with k retrieved profile items as previous chat turns.
+    Icl,
+    /// One LoRA trained on the train split's users.
+    CommonLora,
+    /// The common LoRA fine-tuned on the user's profile by backprop + Adam.
+    UserLora,
+    /// The common LoRA fine-tuned on the user's profile by MeZO.
+    Mezo,
+}
+
+/// One model-backed method.
+pub struct ModelMethod {
+    kind: MethodKind,
+    model: Arc<EvalModel>,
+    cfg: ModelMethodConfig,
+    common: Option<Adapter>,
+    user: Option<Adapter>,
+    rouge: Rouge,
+    /// Label log-likelihoods of the current user's queries, reused across
+    /// a sweep's decodings (same adapter, same prompt).
+    scored: HashMap<String, Vec<f64>>,
+}
+
+/// The method called `name`, or `None` if it is not a model-backed method.
+pub fn by_name(name: &str, model: Arc<EvalModel>, cfg: ModelMethodConfig) -> Option<ModelMethod> {
+    let kind = match name {
+        "base" => MethodKind::Base,
+        "icl" => MethodKind::Icl,
+        "common-lora" => MethodKind::CommonLora,
+        "user-lora" => MethodKind::UserLora,
+        "mezo" => MethodKind::Mezo,
+        _ => return None,
+    };
+    Some(ModelMethod { kind, model, cfg, common: None, user: None, rouge: Rouge::new(), scored: HashMap::new() })
+}
+
+/// The question prompt a bundled benchmark builds from an item's input
+/// (the same text its queries carry); other tasks use the input as is.
+pub fn item_prompt(spec: &TaskSpec, input: &str) -> String {
+    let labels = spec.labels();
+    match spec.name.as_str() {
+        "quotes-tag" => (quotes::DEF.prompt)(input, labels),
+        "mail-subject" => (mail::DEF.prompt)(input, labels),
+        "sotu-continue" => (sotu::DEF.prompt)(input, labels),
+        _ => input.to_string(),
+    }
+}
+
+/// `text` cut to at most `max` characters.
+fn cut(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
+/// `decoding.samples` answers to `messages` with whatever adapter is set.
+/// Classification scores every label by its log-likelihood (see
+/// [`classify`]); generation decodes freely.
+pub fn answer(model: &EvalModel, spec: &TaskSpec, query: &Query, messages: &[Message], decoding: &Decoding) -> Result<Vec<String>> {
+    let prompt = model.prompt_ids(messages)?;
+    match &spec.kind {
+        TaskKind::Classification { labels } => Ok(classify(labels, &model.answer_logprobs(&prompt, labels)?, query, decoding)),
+        TaskKind::Generation => (0..decoding.samples)
+            .map(|i| model.generate(&prompt, decoding.temperature, decoding.sample_seed(&query.id, i), decoding.max_new_tokens))
+            .collect(),
+    }
+}
+
+/// Labels chosen from their log-likelihoods `logp`: greedy takes the best,
+/// T > 0 draws each sample from `softmax(logp / T)` over the labels (the
+/// model's sampling distribution restricted to valid answers).
+pub fn classify(labels: &[String], logp: &[f64], query: &Query, decoding: &Decoding) -> Vec<String> {
+    (0..decoding.samples).map(|i| labels[pick(logp, decoding.temperature, decoding.sample_seed(&query.id, i))].clone()).collect()
+}
+
+/// Index drawn from `softmax(logp / t)` with seed `seed`; argmax at t = 0.
+fn pick(logp: &[f64], t: f32, seed: u64) -> usize {
+    let best = (0..logp.len()).fold(0, |b, i| if logp[i] > logp[b] { i } else { b });
+    if t <= 0.0 {
+        return best;
+    }
+    let w: Vec<f64> = logp.iter().map(|&l| ((l - logp[best]) / t as f64).exp()).collect();
+    let u = counter_rng::uniform(seed, 0) as f64 * w.iter().sum::<f64>();
+    let mut acc = 0.0;
+    for (i, wi) in w.iter().enumerate() {
+        acc += wi;
+        if u < acc {
+            return i;
+        }
+    }
+    best
+}
+
+impl ModelMethod {
+    fn lora_config(&self) -> LoraConfig {
+        LoraConfig {
+            r: self.cfg.rank,
+            alpha: self.cfg.alpha,
+            target_modules: self.cfg.targets.clone(),
+            dropout: 0.0,
+            use_rslora: false,
+            base_model: String::new(),
+        }
+    }
+
+    fn train_config(&self, budget: Budget, seed: u64) -> TrainConfig {
+        TrainConfig {
+            lora: self.lora_config(),
+            adamw: AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() },
+            schedule: Schedule { lr: budget.lr, warmup: 0, total: budget.steps, decay: Decay::Cosine },
+            grad_accum: 1,
+            max_grad_norm: Some(1.0),
+            seed,
+            activation_cap: None,
+            head_chunk: 64,
+        }
+    }
+
+    /// The chat turns for one question: the (cut) query, preceded for ICL by
+    /// the k profile items sharing the most ROUGE-1 with it (most similar last).
+    fn messages(&self, spec: &TaskSpec, user: &User, query: &Query) -> Vec<Message> {
+        let mut turns = Vec::new();
+        if self.kind == MethodKind::Icl {
+            let mut scored: Vec<(f64, &ProfileItem)> =
+                user.profile.iter().map(|p| (self.rouge.score(&p.pair(spec).0, &query.input).rouge1, p)).collect();
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+            for (_, item) in scored.into_iter().take(self.cfg.icl_k).rev() {
+                let (input, output) = item.pair(spec);
+                turns.push(Message::new("user", &cut(&item_prompt(spec, &input), self.cfg.max_prompt_chars)));
+                turns.push(Message::new("assistant", &output));
+            }
+        }
+        turns.push(Message::new("user", &cut(&query.input, self.cfg.max_prompt_chars)));
+        turns
+    }
+
+    /// A training example from one (input, answer) pair.
+    fn example(&self, spec: &TaskSpec, input: &str, answer: &str) -> Result<Batch> {
+        let msg = [Message::new("user", &cut(&item_prompt(spec, input), self.cfg.max_prompt_chars))];
+        self.model.example(&msg, answer, self.cfg.max_len)
+    }
+
+    fn profile_examples(&self, spec: &TaskSpec, user: &User) -> Result<Vec<Batch>> {
+        user.profile.iter().map(|p| {
+            let (input, output) = p.pair(spec);
+            self.example(spec, &input, &output)
+        }).collect()
+    }
+
+    /// Trains from `init` (fresh PEFT init when `None`) into `dir` with the
+    /// trainer; a start from an existing adapter is written as the run's
+    /// first commit, which the trainer then resumes.
+    fn train_into(&self, data: &[Batch], budget: Budget, seed: u64, init: Option<&Adapter>, dir: &std::path::Path) -> Result<(Adapter, UserPrep)> {
+        let start = Instant::now();
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let config = self.train_config(budget, seed);
+        if let Some(init) = init {
+            let params: Vec<_> = init.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+            let state = TrainState {
+                adapter: init.clone(),
+                adamw: AdamW::new(config.adamw, &params),
+                cursor: 0,
+                seed,
+                history: Vec::new(),
+                fingerprint: fingerprint(&config, data),
+            };
+            state.commit(dir)?;
+        }
+        let run = RunOptions { resume: init.is_some(), progress: false, stop_after: None, on_step: None };
+        let state = train(&self.model.graph, data, &config, dir, run)?;
+        let prep = UserPrep {
+            seconds: start.elapsed().as_secs_f64(),
+            tokens: state.history.iter().map(|r| r.tokens).sum(),
+            loss_curve: state.history.iter().map(|r| r.loss as f64).collect(),
+        };
+        Ok((state.adapter, prep))
+    }
+
+    /// MeZO from the common LoRA over the same example stream as backprop.
+    fn mezo(&self, data: &[Batch], seed: u64) -> Result<(Adapter, UserPrep)> {
+        let start = Instant::now();
+        let mut adapter = self.common_adapter()?.clone();
+        let mut params: Vec<_> = adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+        let opt = Mezo { eps: self.cfg.mezo_eps, weight_decay: 0.0 };
+        let schedule = Schedule { lr: self.cfg.mezo_lr, warmup: 0, total: self.cfg.user.steps, decay: Decay::Cosine };
+        let mut prep = UserPrep::default();
+        for step in 0..self.cfg.user.steps {
+            let batch = &data[example_index(seed, step, data.len())];
+            let template = adapter.clone();
+            let loss = |p: &[crate::tensor::Tensor]| {
+                let mut probe = template.clone();
+                for (m, pair) in probe.modules.iter_mut().zip(p.chunks_exact(2)) {
+                    m.a = pair[0].clone();
+                    m.b = pair[1].clone();
+                }
+                evaluate(&self.model.graph, &probe, std::slice::from_ref(batch))
+            };
+            let l = opt.step(&mut params, counter_rng::derive(seed, step), schedule.lr_at(step), loss)?;
+            prep.loss_curve.push(l as f64);
+            prep.tokens += 2 * batch.input_ids[0].len() as u64;
+        }
+        for (m, pair) in adapter.modules.iter_mut().zip(params.chunks_exact(2)) {
+            m.a = pair[0].clone();
+            m.b = pair[1].clone();
+        }
+        prep.seconds = start.elapsed().as_secs_f64();
+        Ok((adapter, prep))
+    }
+
+    fn common_adapter(&self) -> Result<&Adapter> {
+        self.common.as_ref().ok_or_else(|| Error::invalid(self.name(), "needs the common LoRA: give the train split or --common-adapter"))
+    }
+
+    /// A seed per user, fixed by the run seed and the user id.
+    fn user_seed(&self, user: &User) -> u64 {
+        user.id.bytes().fold(counter_rng::derive(self.cfg.seed, 1), |h, b| counter_rng::derive(h, b as u64))
+    }
+
+    fn user_dir(&self, user: &User) -> PathBuf {
+        let safe: String = user.id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+        self.cfg.work_dir.join(self.name()).join(safe)
+    }
+}
+
+impl Method for ModelMethod {
+    fn name(&self) -> String {
+        match self.kind {
+            MethodKind::Base => "base".into(),
+            MethodKind::Icl => format!("icl-k{}", self.cfg.icl_k),
+            MethodKind::CommonLora => "common-lora".into(),
+            MethodKind::UserLora => "user-lora".into(),
+            MethodKind::Mezo => "mezo".into(),
+        }
+    }
+
+    fn config(&self) -> serde_json::Value {
+        serde_json::to_value(&self.cfg).unwrap_or_default()
+    }
+
+    fn prepare_population(&mut self, train: &Split) -> Result<()> {
+        if matches!(self.kind, MethodKind::Base | MethodKind::Icl) {
+            return Ok(());
+        }
+        if let Some(dir) = &self.cfg.common_adapter {
+            self.common = Some(Adapter::load(dir)?);
+            return Ok(());
+        }
+        // Profile items and answered questions of the train users.
+        let mut data = Vec::new();
+        for user in &train.users {
+            data.extend(self.profile_examples(&train.spec, user)?);
+            for q in &user.queries {
+                if let Some(gold) = &q.gold {
+                    let msg = [Message::new("user", &cut(&q.input, self.cfg.max_prompt_chars))];
+                    data.push(self.model.example(&msg, gold, self.cfg.max_len)?);
+                }
+            }
+        }
+        if data.is_empty() {
+            return Err(Error::invalid("train split", "no examples to train the common LoRA on"));
+        }
+        let dir = self.cfg.work_dir.join("common-lora");
+        let (adapter, _) = self.train_into(&data, self.cfg.common, self.cfg.seed, None, &dir)?;
+        self.common = Some(adapter);
+        Ok(())
+    }
+
+    fn prepare_user(&mut self, spec: &TaskSpec, user: &User) -> Result<UserPrep> {
+        self.user = None;
+        self.scored.clear();
+        if !matches!(self.kind, MethodKind::UserLora | MethodKind::Mezo) {
+            return Ok(UserPrep::default());
+        }
+        let data = self.profile_examples(spec, user)?;
+        if data.is_empty() {
+            // Nothing to personalise on: the user keeps the common LoRA.
+            return Ok(UserPrep::default());
+        }
+        let seed = self.user_seed(user);
+        let (adapter, prep) = match self.kind {
+            MethodKind::UserLora => {
+                let common = self.common_adapter()?.clone();
+                self.train_into(&data, self.cfg.user, seed, Some(&common), &self.user_dir(user))?
+            }
+            _ => self.mezo(&data, seed)?,
+        };
+        self.user = Some(adapter);
+        Ok(prep)
+    }
+
+    fn predict(&mut self, spec: &TaskSpec, user: &User, query: &Query, decoding: &Decoding) -> Result<Vec<String>> {
+        let adapter = match self.kind {
+            MethodKind::Base | MethodKind::Icl => None,
+            MethodKind::CommonLora => Some(self.common_adapter()?),
+            MethodKind::UserLora | MethodKind::Mezo => Some(self.user.as_ref().map_or_else(|| self.common_adapter(), Ok)?),
+        };
+        self.model.set_adapter(adapter)?;
+        let messages = self.messages(spec, user, query);
+        let Some(labels) = spec.labels() else { return answer(&self.model, spec, query, &messages, decoding) };
+        if !self.scored.contains_key(&query.id) {
+            let lp = self.model.answer_logprobs(&self.model.prompt_ids(&messages)?, labels)?;
+            self.scored.insert(query.id.clone(), lp);
+        }
+        Ok(classify(labels, &self.scored[&query.id], query, decoding))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick;
+
+    #[test]
+    fn pick_is_argmax_at_zero_and_follows_softmax_above() {
+        let lp = [-3.0, -0.5, -1.0];
+        assert_eq!(pick(&lp, 0.0, 7), 1);
+        let mut counts = [0usize; 3];
+        for s in 0..20000 {
+            counts[pick(&lp, 1.0, s)] += 1;
+        }
+        let z: f64 = lp.iter().map(|l: &f64| l.exp()).sum();
+        for i in 0..3 {
+            let p = lp[i].exp() / z;
+            assert!((counts[i] as f64 / 20000.0 - p).abs() < 0.015, "{counts:?}");
+        }
+    }
+}

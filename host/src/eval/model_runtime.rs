@@ -1,0 +1,176 @@
+//! One loaded model as the model-backed methods use it: the inference
+//! [`Model`] (generation, answer log-likelihoods) with swappable LoRA slots,
+//! the training [`DecoderGraph`] over the *same* frozen projections, and the
+//! model's tokenizer and chat template.
+use super::adapter_slot::AdapterSlots;
+use crate::lora::Adapter;
+use crate::model::chat::{ChatTemplate, Message};
+use crate::model::config::ModelConfig;
+use crate::model::decoder::{cpu_projection, Model};
+use crate::model::generate::{generate, Sampling};
+use crate::model::gguf::Gguf;
+use crate::model::hf_dir::HfDir;
+use crate::model::source::{RawTensor, TensorSource};
+use crate::model::tokenizer::Tokenizer;
+use crate::projection::{Projection, ProjectionInfo};
+use crate::train::decoder_graph::DecoderGraph;
+use crate::train::graph::Batch;
+use crate::{Error, Result};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A model ready for evaluation and per-user training.
+pub struct EvalModel {
+    /// Inference model; its projections carry adapter slots.
+    pub model: Model,
+    /// Training graph sharing the frozen projections with `model`.
+    pub graph: DecoderGraph,
+    tokenizer: Tokenizer,
+    chat: ChatTemplate,
+    slots: AdapterSlots,
+    /// `<|im_end|>`: closes an assistant answer.
+    end_of_turn: u32,
+    stop: Vec<u32>,
+}
+
+impl EvalModel {
+    /// Opens a GGUF file or a Hugging Face directory (ChatML models only).
+    pub fn open(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            let dir = HfDir::open(path)?;
+            let cfg = ModelConfig::from_hf_json(dir.config())?;
+            let jinja = std::fs::read_to_string(path.join("tokenizer_config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v.get("chat_template").and_then(|t| t.as_str()).map(String::from));
+            Self::build(&dir, cfg, Tokenizer::from_hf_dir(path)?, jinja.as_deref())
+        } else {
+            let g = Gguf::open(path)?;
+            let cfg = ModelConfig::from_gguf(&g)?;
+            let jinja = g.get_str("tokenizer.chat_template").ok().map(String::from);
+            let tok = Tokenizer::from_gguf(&g)?;
+            Self::build(&g, cfg, tok, jinja.as_deref())
+        }
+    }
+
+    fn build(src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, jinja: Option<&str>) -> Result<Self> {
+        // Each frozen weight is dequantized once and shared by both models.
+        let shared: RefCell<HashMap<String, Arc<dyn Projection>>> = RefCell::default();
+        let get = |info: ProjectionInfo, raw: &RawTensor<'_>| -> Result<Arc<dyn Projection>> {
+            if let Some(p) = shared.borrow().get(&info.name) {
+                return Ok(p.clone());
+            }
+            let p = cpu_projection(info.clone(), raw)?;
+            shared.borrow_mut().insert(info.name, p.clone());
+            Ok(p)
+        };
+        let graph = DecoderGraph::load_with(src, cfg.clone(), &get)?;
+        let slots = RefCell::new(AdapterSlots::default());
+        let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(get(info, raw)?));
+        let model = Model::load(cfg, src, &wrap)?;
+        let chat = match jinja {
+            Some(j) => ChatTemplate::from_jinja(j)?,
+            None => ChatTemplate::chatml(),
+        };
+        let end_of_turn = tokenizer
+            .token_to_id("<|im_end|>")
+            .ok_or_else(|| Error::Unsupported("evaluation needs a ChatML model (no <|im_end|> token)".into()))?;
+        let mut stop = model.config.eos_token_ids.clone();
+        stop.extend(tokenizer.eos_id);
+        stop.push(end_of_turn);
+        Ok(EvalModel { model, graph, tokenizer, chat, slots: slots.into_inner(), end_of_turn, stop })
+    }
+
+    /// Puts `adapter` into the inference model; `None` restores the base model.
+    pub fn set_adapter(&self, adapter: Option<&Adapter>) -> Result<()> {
+        self.slots.set(adapter)
+    }
+
+    /// Token ids of `messages` in the chat template, ending with the
+    /// opening of the assistant's turn.
+    pub fn prompt_ids(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        self.tokenizer.encode(&self.chat.render(messages, true))
+    }
+
+    /// Token ids of an assistant answer, closed by `<|im_end|>`.
+    pub fn answer_ids(&self, answer: &str) -> Result<Vec<u32>> {
+        let mut ids = self.tokenizer.encode(answer)?;
+        ids.push(self.end_of_turn);
+        Ok(ids)
+    }
+
+    /// A training example: loss on the answer (and its `<|im_end|>`) only.
+    /// The prompt is cut from the left to keep the sequence within `max_len`
+    /// tokens with the whole answer (answers are short: tags, subjects).
+    pub fn example(&self, messages: &[Message], answer: &str, max_len: usize) -> Result<Batch> {
+        let answer = self.answer_ids(answer)?;
+        let mut prompt = self.prompt_ids(messages)?;
+        let keep = max_len.saturating_sub(answer.len()).max(1);
+        if prompt.len() > keep {
+            prompt.drain(..prompt.len() - keep);
+        }
+        let labels = prompt.iter().map(|_| -100).chain(answer.iter().map(|&t| t as i64)).collect();
+        Ok(Batch { input_ids: vec![[prompt, answer].concat()], labels: vec![labels] })
+    }
+
+    /// One generated answer (greedy at temperature 0, else seeded sampling
+    /// over the full distribution), special tokens removed.
+    pub fn generate(&self, prompt: &[u32], temperature: f32, seed: u64, max_new: usize) -> Result<String> {
+        let sampling = Sampling { temperature, top_p: 1.0, seed };
+        let ids = generate(&self.model, prompt, max_new, &sampling, &self.stop, |_| {})?;
+        Ok(self.tokenizer.decode(&ids, true)?.trim().to_string())
+    }
+
+    /// `log p(answer <|im_end|> | prompt)` for each answer: the prompt is run
+    /// once and its state forked per answer. Summed over the answer's tokens,
+    /// so it is the probability of generating exactly that answer and stopping.
+    pub fn answer_logprobs(&self, prompt: &[u32], answers: &[String]) -> Result<Vec<f64>> {
+        let mut state = self.model.new_state();
+        let hidden = self.model.forward(prompt, &mut state)?;
+        let h = self.model.config.hidden_size;
+        let first = self.model.logits(&hidden[hidden.len() - h..]);
+        answers
+            .iter()
+            .map(|a| {
+                let ids = self.answer_ids(a)?;
+                let mut fork = state.clone();
+                let hidden = self.model.forward(&ids[..ids.len() - 1], &mut fork)?;
+                let rest = self.model.logits(&hidden);
+                let vocab = first.len();
+                let rows = std::iter::once(&first[..]).chain(rest.chunks_exact(vocab));
+                let mut total = 0.0;
+                for (row, &t) in rows.zip(&ids) {
+                    total += log_softmax_at(row, t as usize)?;
+                }
+                Ok(total)
+            })
+            .collect()
+    }
+}
+
+/// `log softmax(row)[i]` in f64.
+fn log_softmax_at(row: &[f32], i: usize) -> Result<f64> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    if !max.is_finite() {
+        return Err(Error::NonFinite("logits while scoring an answer".into()));
+    }
+    let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+    Ok(row[i] as f64 - max - z.ln())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_softmax_at;
+
+    #[test]
+    fn log_softmax_matches_the_definition() {
+        let row = [1.0f32, 2.0, 3.0];
+        let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+        for i in 0..3 {
+            assert!((log_softmax_at(&row, i).unwrap() - ((row[i] as f64).exp() / z).ln()).abs() < 1e-12);
+        }
+        assert!(log_softmax_at(&[f32::NAN, f32::NEG_INFINITY], 0).is_err());
+    }
+}
