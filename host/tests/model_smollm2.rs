@@ -6,8 +6,17 @@
 //!
 //! Tolerance: both sides compute in f32 from identical dequantized weights,
 //! so only summation order differs; we require a max-normalised logit error
-//! below 1e-4 and the identical greedy continuation, except after a step
-//! whose top-2 logits are within 1e-3 (a tie that summation order decides).
+//! below 1e-4 (measured: ~2e-6) and exactly the same 32 greedy tokens. Exact
+//! equality is a fair demand because the fixture script only keeps prompts
+//! whose reference greedy path has a top-2 logit gap of at least 0.01 at
+//! every step (stored per step; the smallest is asserted here too), orders
+//! of magnitude above the f32 differences between the two implementations.
+//!
+//! The reference path comes from `generate` with an explicit all-ones
+//! attention mask: these ChatML prompts contain `<|im_end|>` (id 2), which
+//! is also the pad id, and without a mask transformers infers one that hides
+//! those prompt positions (that made an earlier fixture's prompt 1 pick
+//! 5065 over 6147 at step 1, against its own unmasked forward).
 use hexlora::model::decoder::Model;
 use hexlora::model::generate::{generate, Sampling};
 use safetensors::SafeTensors;
@@ -58,11 +67,10 @@ fn smollm2_next_token_logits_match_transformers() {
     }
 }
 
-/// Ignored: open issue. For prompt 1 transformers' `generate` (cached or
-/// not) picks token 5065 at step 1, while its own full forward on the same
-/// ids (and ours) ranks 6147 first by 0.128; prompts 0 and 2 match.
+/// Smallest top-2 gap the fixture script allows on a greedy path.
+const MIN_GREEDY_MARGIN: f32 = 0.01;
+
 #[test]
-#[ignore = "open: prompt 1 step 1 differs from transformers generate (see doc)"]
 fn smollm2_greedy_matches_transformers() {
     let Some(path) = gguf_path() else { return };
     let model = Model::open(&path).unwrap();
@@ -71,14 +79,19 @@ fn smollm2_greedy_matches_transformers() {
     for i in 0..3 {
         let prompt = ids(&st, &format!("prompt{i}.input_ids"));
         let want_tokens = ids(&st, &format!("prompt{i}.greedy"));
+        let margins = floats(&st, &format!("prompt{i}.greedy_margins"));
+        let min_margin = margins.iter().fold(f32::INFINITY, |m, &x| m.min(x));
+        assert!(min_margin >= MIN_GREEDY_MARGIN, "prompt {i}: fixture has a near-tie ({min_margin})");
         let got_tokens = generate(&model, &prompt, 32, &Sampling::greedy(), &[], |_| {}).unwrap();
-        if got_tokens != want_tokens {
-            // Allowed only at a near-tie, where f32 summation order decides.
-            let at = got_tokens.iter().zip(&want_tokens).position(|(a, b)| a != b).unwrap();
-            let margin = top2_margin(&model, &[&prompt[..], &want_tokens[..at]].concat());
-            println!("prompt {i}: greedy diverges at token {at}, top-2 logit margin there {margin:.2e}");
-            assert!(margin < 1e-3, "prompt {i}: greedy continuation differs at token {at} without a near-tie");
+        if let Some(at) = got_tokens.iter().zip(&want_tokens).position(|(a, b)| a != b) {
+            let ours = top2_margin(&model, &[&prompt[..], &want_tokens[..at]].concat());
+            panic!(
+                "prompt {i}: greedy differs at token {at} ({} vs {}); top-2 gap there: ours {ours:.3e}, transformers {:.3e}",
+                got_tokens[at], want_tokens[at], margins[at]
+            );
         }
+        assert_eq!(got_tokens.len(), want_tokens.len());
+        println!("prompt {i}: 32 greedy tokens identical; smallest top-2 gap on the path {min_margin:.4}");
     }
 }
 

@@ -4,7 +4,8 @@
 //! (biases, other rope types, other activations) are `Unsupported`, never
 //! silently ignored.
 use crate::model::gguf::Gguf;
-use crate::ops::rope::RopeScaling;
+use crate::model::source::TensorSource;
+use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -275,10 +276,11 @@ impl ModelConfig {
             head_dim,
             rms_norm_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             rope_theta,
-            // llama3-scaled GGUFs carry `rope_freqs.weight` instead; refuse
-            // rather than run with the wrong frequencies.
+            // llama3-scaled GGUFs (Llama-3.1/3.2) carry no scaling metadata,
+            // only `rope_freqs.weight`.
             rope_scaling: if g.tensor_infos().iter().any(|t| t.name == "rope_freqs.weight") {
-                return Err(Error::Unsupported("GGUF with rope_freqs.weight (llama3 rope scaling)".into()));
+                let factors = g.get("rope_freqs.weight")?.to_f32()?;
+                llama3_from_freq_factors(&factors, head_dim, rope_theta)?
             } else {
                 RopeScaling::Default
             },
@@ -318,6 +320,56 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+/// The llama3 scaling behind a GGUF `rope_freqs.weight`.
+///
+/// llama.cpp's converter stores, per rotary frequency `i`, the divisor
+/// `f_i` of `theta^(-2i/rot_dim)`: 1 for short wavelengths, `factor` for
+/// long ones, `1 / ((1 - s) / factor + s)` between, where the blend `s` is
+/// linear in 1/wavelength. So `factor = max f_i`, and two blended divisors
+/// fix the line `s = a / wavelength + b`, which is all the other three
+/// llama3 parameters contribute: we take `high - low = 1`, so
+/// `original = a`, `low = -b`, `high = 1 - b`. The result is checked by
+/// recomputing every frequency; divisors that are not this formula (or
+/// have fewer than two blended entries to fit) are refused.
+pub fn llama3_from_freq_factors(factors: &[f32], rot_dim: usize, theta: f64) -> Result<RopeScaling> {
+    let unsupported = |why: String| Err(Error::Unsupported(format!("GGUF rope_freqs.weight: {why}")));
+    if factors.len() != rot_dim / 2 {
+        return unsupported(format!("{} values for {} rotary frequencies", factors.len(), rot_dim / 2));
+    }
+    if factors.iter().any(|f| !(f.is_finite() && *f >= 1.0 - 1e-6)) {
+        return unsupported("divisors must be finite and >= 1 (llama3 scaling)".into());
+    }
+    let factor = factors.iter().fold(1.0f64, |m, &f| m.max(f as f64));
+    if factor <= 1.0 + 1e-6 {
+        return Ok(RopeScaling::Default);
+    }
+    let wavelen = |i: usize| 2.0 * std::f64::consts::PI * theta.powf((2 * i) as f64 / rot_dim as f64);
+    let blend = |f: f64| (1.0 / f - 1.0 / factor) / (1.0 - 1.0 / factor);
+    let mixed: Vec<usize> =
+        (0..factors.len()).filter(|&i| (factors[i] as f64 - 1.0).min(factor - factors[i] as f64) > 1e-4 * factor).collect();
+    let (Some(&p), Some(&q)) = (mixed.first(), mixed.last()) else {
+        return unsupported("fewer than two blended frequencies: cannot recover the llama3 parameters".into());
+    };
+    if p == q {
+        return unsupported("fewer than two blended frequencies: cannot recover the llama3 parameters".into());
+    }
+    let (sp, sq) = (blend(factors[p] as f64), blend(factors[q] as f64));
+    let a = (sp - sq) / (1.0 / wavelen(p) - 1.0 / wavelen(q));
+    let b = sp - a / wavelen(p);
+    let scaling = RopeScaling::Llama3 { factor, low_freq_factor: -b, high_freq_factor: 1.0 - b, original_max_position_embeddings: a };
+    if !(a > 0.0 && b < 0.0) {
+        return unsupported(format!("blend line a={a}, b={b} is not a llama3 scaling"));
+    }
+    let inv = rope_inv_freq(rot_dim, theta, &scaling);
+    for (i, (&got, &f)) in inv.iter().zip(factors).enumerate() {
+        let want = 1.0 / theta.powf((2 * i) as f64 / rot_dim as f64) / f as f64;
+        if (got as f64 - want).abs() > 1e-5 * want {
+            return unsupported(format!("frequency {i} divisor {f} does not follow the llama3 formula"));
+        }
+    }
+    Ok(scaling)
 }
 
 /// `(rope_theta, scaling, partial_rotary_factor)` from transformers 5's
@@ -401,6 +453,54 @@ mod tests {
                "rope_theta": 500000.0,
                "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
+    }
+
+    /// A llama GGUF with llama.cpp's `rope_freqs.weight` (Llama-3.2-3B rope
+    /// hyper-parameters) gives the inverse frequencies transformers computes
+    /// from the HF config (fixture: make_model_fixtures.py rope-freqs).
+    #[test]
+    fn gguf_rope_freqs_give_transformers_llama3_frequencies() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama3-rope-freqs");
+        let want: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+        let want: Vec<f64> = want["transformers_inv_freq"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let c = ModelConfig::from_gguf(&Gguf::open(&dir.join("rope.gguf")).unwrap()).unwrap();
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0), "{:?}", c.rope_scaling);
+        let got = rope_inv_freq(c.rotary_dim, c.rope_theta, &c.rope_scaling);
+        assert_eq!(got.len(), want.len());
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!((g as f64 - w).abs() <= 2e-6 * w, "frequency {i}: {g} vs transformers {w}");
+        }
+    }
+
+    /// The fixture's Llama-3.2 divisors with divisor `i` scaled by `by`.
+    fn llama32_factors_with(i: usize, by: f32) -> Vec<f32> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama3-rope-freqs/expected.json");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut f: Vec<f32> = v["rope_freqs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        f[i] *= by;
+        f
+    }
+
+    #[test]
+    fn rope_freqs_that_are_not_llama3_are_refused() {
+        let ones = vec![1.0f32; 64];
+        assert_eq!(llama3_from_freq_factors(&ones, 128, 500000.0).unwrap(), RopeScaling::Default);
+        let mut bumpy = ones.clone();
+        bumpy[10] = 2.0;
+        bumpy[11] = 1.5;
+        bumpy[40] = 3.0;
+        let cases: Vec<(Vec<f32>, &str)> = vec![
+            (vec![1.0; 10], "10 values for 64"),
+            ({ let mut v = ones.clone(); v[3] = f32::NAN; v }, "finite and >= 1"),
+            ({ let mut v = ones.clone(); v[3] = 0.5; v }, "finite and >= 1"),
+            ({ let mut v = ones.clone(); v[40..].fill(8.0); v }, "fewer than two blended"),
+            (bumpy, "is not a llama3 scaling"),
+            (llama32_factors_with(31, 1.01), "frequency 31 divisor"),
+        ];
+        for (factors, want) in cases {
+            let err = llama3_from_freq_factors(&factors, 128, 500000.0).unwrap_err().to_string();
+            assert!(err.contains("rope_freqs") && err.contains(want), "{err:?} should mention {want:?}");
+        }
     }
 
     #[test]
