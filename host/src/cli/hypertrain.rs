@@ -2,7 +2,7 @@
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
 use crate::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
-use crate::hyper::users::load_users;
+use crate::hyper::users::{load_users, render_example};
 use crate::hyper::{HeadVariant, HyperConfig, HyperNet};
 use crate::lora::Adapter;
 use crate::optim::adamw::AdamWConfig;
@@ -95,7 +95,14 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let model = DecoderGraph::open(&args.model)?;
     let text = ModelText::open(&args.model)?;
-    let users = load_users(&args.data)?;
+    let mut users = load_users(&args.data)?;
+    // A user can be scored only if some example keeps a response token within --max-len.
+    let before = users.len();
+    let fits = |p: &crate::hyper::users::Pair| render_example(&text, p, args.max_len).map(|e| e.labels.iter().skip(1).any(|&l| l >= 0));
+    users.retain(|u| u.examples.iter().any(|p| fits(p).unwrap_or(false)));
+    if users.len() < before {
+        eprintln!("skipped {} of {before} users: no example fits --max-len {}", before - users.len(), args.max_len);
+    }
     let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
     let targets: Vec<String> = args.targets.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
     let (out_rank, out_alpha, out_targets) = match &common {
