@@ -17,6 +17,9 @@ export HEXLORA_SIM_SERVICE
 echo "== native tests"
 cargo test --workspace
 
+echo "== firmware self-test binary, native (the same registry the simulator runs)"
+cargo run -q -p hexlora-dsp --bin selftest | tail -n 1
+
 echo "== C header vs Rust ABI (bindgen)"
 bash ci/bindgen-check.sh
 

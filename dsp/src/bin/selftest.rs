@@ -13,9 +13,9 @@ mod hexagon {
     #[no_mangle]
     extern "C" fn hexlora_main(args: linux::Args) -> i32 {
         let mut stdout = linux::Stdout;
-        let (filter, dump_log) = super::parse(args.iter());
+        let (filter, want_log) = super::parse(args.iter());
         let summary = hexlora_dsp::selftest::run_all(filter, &mut stdout);
-        if dump_log {
+        if want_log {
             super::dump_log(&mut stdout);
         }
         (summary.failed > 0) as i32
@@ -25,10 +25,10 @@ mod hexagon {
 #[cfg(not(target_arch = "hexagon"))]
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (filter, dump_log) = parse(args.iter().map(|a| a.as_bytes()));
+    let (filter, want_log) = parse(args.iter().map(|a| a.as_bytes()));
     let mut out = String::new();
     let summary = hexlora_dsp::selftest::run_all(filter, &mut out);
-    if dump_log {
+    if want_log {
         dump_log(&mut out);
     }
     print!("{out}");
