@@ -8,6 +8,7 @@ use crate::eval::longlamp::{read_longlamp, LongLampTask};
 use crate::eval::method::{Decoding, Method};
 use crate::eval::model_methods::{self, Budget, ModelMethodConfig};
 use crate::eval::model_runtime::EvalModel;
+use crate::hyper::eval_method as hyper_eval;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -30,7 +31,8 @@ pub struct Args {
     #[arg(long, default_value = "train")]
     train_split: String,
     /// Method name: model-free majority-global, majority-user,
-    /// nearest-profile; with --model base, icl, common-lora, user-lora, mezo.
+    /// nearest-profile; with --model base, icl, common-lora, user-lora, mezo,
+    /// hypernet (with --hypernet).
     #[arg(long)]
     method: String,
     /// Evaluate only the first N users of the split (0 = all).
@@ -100,6 +102,9 @@ struct ModelArgs {
     /// Training runs go here (default: `<out>/train-<task>`).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Trained hypernetwork directory (`hexlora hypertrain`), for `--method hypernet`.
+    #[arg(long)]
+    hypernet: Option<PathBuf>,
 }
 
 /// The method named `name`: a model-free baseline, or a model-backed
@@ -109,7 +114,13 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         return Ok(m);
     }
     let m = &args.model;
-    let known = || format!("{}, {}", baselines::NAMES.join(", "), model_methods::NAMES.join(", "));
+    if name == hyper_eval::NAME {
+        let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
+        let dir = m.hypernet.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --hypernet DIR"))?;
+        let model = Arc::new(EvalModel::open(path)?);
+        return Ok(Box::new(hyper_eval::HypernetMethod::open(model, path, dir, m.max_prompt_chars)?));
+    }
+    let known = || format!("{}, {}, {}", baselines::NAMES.join(", "), model_methods::NAMES.join(", "), hyper_eval::NAME);
     anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
     let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
     let model = Arc::new(EvalModel::open(path)?);

@@ -8,12 +8,14 @@
 //! - [`distill`]: vocabulary head + cross-entropy + KL to an ICL teacher;
 //! - [`end_to_end`]: stage 1b loss and gradients of one user;
 //! - [`users`]: example pairs -> context and target token ids;
-//! - [`commit`], [`trainer`]: `hexlora hypertrain` (commits, resume).
+//! - [`commit`], [`trainer`]: `hexlora hypertrain` (commits, resume);
+//! - [`eval_method`]: the `hypernet` method of `hexlora eval`.
 pub mod commit;
 pub mod config;
 pub mod distill;
 pub mod embedder;
 pub mod end_to_end;
+pub mod eval_method;
 pub mod heads;
 pub mod hypernet;
 pub mod simcse;

@@ -1,0 +1,113 @@
+//! The hypernetwork as an evaluation method (`hexlora eval --method
+//! hypernet --hypernet DIR`): per user, one forward pass of a trained
+//! hypernetwork turns the user's profile into a LoRA, which then answers
+//! exactly like the other model-backed methods
+//! ([`crate::eval::model_methods::answer`], same prompts, same scoring).
+//!
+//! The profile becomes context the way `hexlora hypertrain` data does
+//! (`host/tests/fixtures/hyper/lamp_to_users.py`): each item's input wrapped
+//! in the task's question prompt as the query, its output as the response,
+//! rendered with the hypernetwork's template and cut at its token budget.
+use super::users::{render_context, Pair};
+use super::HyperNet;
+use crate::eval::dataset::{Query, Split, User};
+use crate::eval::method::{Decoding, Method, UserPrep};
+use crate::eval::model_methods::{answer, classify, item_prompt};
+use crate::eval::model_runtime::EvalModel;
+use crate::eval::task::TaskSpec;
+use crate::lora::Adapter;
+use crate::model::chat::Message;
+use crate::train::text_encoder::ModelText;
+use crate::Result;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Name of the method on the command line and in result files.
+pub const NAME: &str = "hypernet";
+
+/// A trained hypernetwork answering through the LoRA it synthesizes per user.
+pub struct HypernetMethod {
+    model: Arc<EvalModel>,
+    net: HyperNet,
+    text: ModelText,
+    dir: PathBuf,
+    max_prompt_chars: usize,
+    /// The current user's synthesized LoRA (`None`: no profile, base model).
+    user: Option<Adapter>,
+    /// Label log-likelihoods of the current user's queries, reused across a sweep.
+    scored: HashMap<String, Vec<f64>>,
+}
+
+/// `text` cut to at most `max` characters (as the other methods cut prompts).
+fn cut(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
+impl HypernetMethod {
+    /// Loads the hypernetwork in `dir` for `model` (opened from
+    /// `model_path`, whose tokenizer renders the context).
+    pub fn open(model: Arc<EvalModel>, model_path: &Path, dir: &Path, max_prompt_chars: usize) -> Result<Self> {
+        let net = HyperNet::load(dir, &model.graph)?;
+        let text = ModelText::open(model_path)?;
+        Ok(HypernetMethod { model, net, text, dir: dir.to_path_buf(), max_prompt_chars, user: None, scored: HashMap::new() })
+    }
+
+    /// The hypernetwork's input for `user`: token ids of the rendered profile.
+    pub fn context(&self, spec: &TaskSpec, user: &User) -> Result<Vec<u32>> {
+        let pairs: Vec<Pair> = user
+            .profile
+            .iter()
+            .map(|p| {
+                let (input, output) = p.pair(spec);
+                Pair { query: cut(&item_prompt(spec, &input), self.max_prompt_chars), response: output }
+            })
+            .collect();
+        let refs: Vec<&Pair> = pairs.iter().collect();
+        render_context(&self.text, &self.net.config.template, &refs, self.net.config.context_tokens)
+    }
+}
+
+impl Method for HypernetMethod {
+    fn name(&self) -> String {
+        NAME.into()
+    }
+
+    fn config(&self) -> serde_json::Value {
+        serde_json::json!({
+            "hypernet": self.dir.display().to_string(),
+            "hyper_config": self.net.config,
+            "max_prompt_chars": self.max_prompt_chars,
+        })
+    }
+
+    /// The hypernetwork was trained beforehand (`hexlora hypertrain`).
+    fn prepare_population(&mut self, _train: &Split) -> Result<()> {
+        Ok(())
+    }
+
+    /// Synthesis is the whole per-user cost: its time is the prep time.
+    fn prepare_user(&mut self, spec: &TaskSpec, user: &User) -> Result<UserPrep> {
+        self.user = None;
+        self.scored.clear();
+        let start = Instant::now();
+        let context = self.context(spec, user)?;
+        if context.is_empty() {
+            return Ok(UserPrep::default());
+        }
+        self.user = Some(self.net.synthesize(&self.model.graph, &context)?);
+        Ok(UserPrep { seconds: start.elapsed().as_secs_f64(), tokens: context.len() as u64, loss_curve: Vec::new() })
+    }
+
+    fn predict(&mut self, spec: &TaskSpec, _user: &User, query: &Query, decoding: &Decoding) -> Result<Vec<String>> {
+        self.model.set_adapter(self.user.as_ref())?;
+        let messages = [Message::new("user", &cut(&query.input, self.max_prompt_chars))];
+        let Some(labels) = spec.labels() else { return answer(&self.model, spec, query, &messages, decoding) };
+        if !self.scored.contains_key(&query.id) {
+            let lp = self.model.answer_logprobs(&self.model.prompt_ids(&messages)?, labels)?;
+            self.scored.insert(query.id.clone(), lp);
+        }
+        Ok(classify(labels, &self.scored[&query.id], query, decoding))
+    }
+}
