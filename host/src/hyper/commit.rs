@@ -6,14 +6,14 @@ use super::config::HyperConfig;
 use super::hypernet::HyperNet;
 use crate::lora::tensor_file::TensorFile;
 use crate::optim::adamw::{AdamW, AdamWConfig};
-use crate::train::atomic_write::write_atomic;
+use crate::train::commit::{read_commit, write_commit};
 use crate::train::decoder_graph::DecoderGraph;
-use crate::{Error, Result};
+use crate::Result;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// File name of the commit inside the run directory.
-pub const COMMIT_FILE: &str = "commit.safetensors";
+/// File name of the commit inside the run directory (shared with training runs).
+pub use crate::train::commit::COMMIT_FILE;
 
 /// Which training stage a step belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,23 +92,14 @@ impl HyperState {
             history: self.history.clone(),
             fingerprint: self.fingerprint.clone(),
         };
-        f.metadata.insert("hexlora_hyper_state".into(), serde_json::to_string(&header).expect("header serialises"));
-        write_atomic(&dir.join(COMMIT_FILE), &f.to_bytes()?)
+        write_commit(dir, "hexlora_hyper_state", f, &header)
     }
 
     /// Reads the last commit of a run directory for `model`, if there is one.
     pub fn load(dir: &Path, model: &DecoderGraph) -> Result<Option<HyperState>> {
-        let path = dir.join(COMMIT_FILE);
-        if !path.exists() {
+        let Some((f, header, what)) = read_commit::<Header>(dir, "hexlora_hyper_state", "not a hexlora hypernetwork commit")? else {
             return Ok(None);
-        }
-        let what = path.display().to_string();
-        let f = TensorFile::read(&path)?;
-        let header: Header = f
-            .metadata
-            .get("hexlora_hyper_state")
-            .ok_or_else(|| Error::format(&what, "not a hexlora hypernetwork commit"))
-            .and_then(|s| serde_json::from_str(s).map_err(|e| Error::format(&what, e.to_string())))?;
+        };
         let mut net = HyperNet::init(header.config, model, None, 0)?;
         let names = net.param_names();
         let get = |prefix: &str| names.iter().map(|n| f.get(&format!("{prefix}/{n}"), &what).cloned()).collect::<Result<Vec<_>>>();

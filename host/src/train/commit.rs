@@ -9,11 +9,38 @@ use crate::lora::tensor_file::TensorFile;
 use crate::lora::{Adapter, LoraConfig};
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::{Error, Result};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// File name of the commit inside the run directory.
 pub const COMMIT_FILE: &str = "commit.safetensors";
+
+/// Writes `f` to `dir/commit.safetensors` atomically, with `header` as JSON
+/// under the metadata `key`. Every kind of run (AdamW, MeZO, hypernetwork)
+/// commits this way; the key tells them apart.
+pub(crate) fn write_commit<H: Serialize>(dir: &Path, key: &str, mut f: TensorFile, header: &H) -> Result<()> {
+    f.metadata.insert(key.into(), serde_json::to_string(header).expect("header serialises"));
+    write_atomic(&dir.join(COMMIT_FILE), &f.to_bytes()?)
+}
+
+/// Reads `dir/commit.safetensors` if it exists: its tensors, the header
+/// under `key`, and the file's name for errors. A commit without `key`
+/// (another kind of run) is an error saying `not_ours`.
+pub(crate) fn read_commit<H: DeserializeOwned>(dir: &Path, key: &str, not_ours: &str) -> Result<Option<(TensorFile, H, String)>> {
+    let path = dir.join(COMMIT_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let what = path.display().to_string();
+    let f = TensorFile::read(&path)?;
+    let header = f
+        .metadata
+        .get(key)
+        .ok_or_else(|| Error::format(&what, not_ours))
+        .and_then(|s| serde_json::from_str(s).map_err(|e| Error::format(&what, e.to_string())))?;
+    Ok(Some((f, header, what)))
+}
 
 /// One optimizer step's figures.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -88,23 +115,14 @@ impl TrainState {
             fingerprint: self.fingerprint.clone(),
             modules: self.adapter.modules.iter().map(|m| m.name.clone()).collect(),
         };
-        f.metadata.insert("hexlora_train_state".into(), serde_json::to_string(&header).expect("header serialises"));
-        write_atomic(&dir.join(COMMIT_FILE), &f.to_bytes()?)
+        write_commit(dir, "hexlora_train_state", f, &header)
     }
 
     /// Reads the last commit of a run directory, if there is one.
     pub fn load(dir: &Path) -> Result<Option<TrainState>> {
-        let path = dir.join(COMMIT_FILE);
-        if !path.exists() {
+        let Some((f, header, what)) = read_commit::<Header>(dir, "hexlora_train_state", "not a hexlora commit (no train state)")? else {
             return Ok(None);
-        }
-        let what = path.display().to_string();
-        let f = TensorFile::read(&path)?;
-        let header: Header = f
-            .metadata
-            .get("hexlora_train_state")
-            .ok_or_else(|| Error::format(&what, "not a hexlora commit (no train state)"))
-            .and_then(|s| serde_json::from_str(s).map_err(|e| Error::format(&what, e.to_string())))?;
+        };
         let config = LoraConfig::from_json(&header.lora, &what)?;
         let (mut modules, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
         for name in &header.modules {

@@ -8,13 +8,12 @@
 //! Memory is that of inference: factors are tape constants, nothing is
 //! differentiated, and no optimizer moments exist.
 use super::atomic_write::write_atomic;
-use super::commit::{StepRecord, COMMIT_FILE};
+use super::commit::{read_commit, write_commit, StepRecord};
 use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use super::metrics::{loss_svg, write_metrics};
 use super::trainer::{example_index, fingerprint, RunOptions, TrainConfig};
 use crate::autograd::{counter_rng, Tape};
 use crate::lora::peft::peft_key;
-use crate::lora::tensor_file::TensorFile;
 use crate::lora::{Adapter, LoraConfig, LoraModule};
 use crate::optim::mezo::Mezo;
 use crate::tensor::Tensor;
@@ -76,23 +75,15 @@ impl MezoState {
             fingerprint: self.fingerprint.clone(),
             modules: self.adapter.modules.iter().map(|m| m.name.clone()).collect(),
         };
-        f.metadata.insert(STATE_KEY.into(), serde_json::to_string(&header).expect("header serialises"));
-        write_atomic(&dir.join(COMMIT_FILE), &f.to_bytes()?)
+        write_commit(dir, STATE_KEY, f, &header)
     }
 
     /// Reads the last MeZO commit of a run directory, if there is one.
     pub fn load(dir: &Path) -> Result<Option<MezoState>> {
-        let path = dir.join(COMMIT_FILE);
-        if !path.exists() {
+        let not_ours = "not a MeZO commit (an AdamW run? resume it with the optimizer it was started with)";
+        let Some((f, header, what)) = read_commit::<Header>(dir, STATE_KEY, not_ours)? else {
             return Ok(None);
-        }
-        let what = path.display().to_string();
-        let f = TensorFile::read(&path)?;
-        let header: Header = f
-            .metadata
-            .get(STATE_KEY)
-            .ok_or_else(|| Error::format(&what, "not a MeZO commit (an AdamW run? resume it with the optimizer it was started with)"))
-            .and_then(|s| serde_json::from_str(s).map_err(|e| Error::format(&what, e.to_string())))?;
+        };
         let config = LoraConfig::from_json(&header.lora, &what)?;
         let modules = header
             .modules
