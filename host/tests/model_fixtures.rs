@@ -100,6 +100,31 @@ fn qwen35_logits_match_transformers_across_gdn_chunks() {
     check_logits_within("tiny-qwen35", 1.5e-4);
 }
 
+/// A qwen35 GGUF written the way llama.cpp's converter writes it (value
+/// heads tiled, `-exp(A_log)`, `1 + w` norms, squeezed conv; see
+/// make_model_fixtures.py qwen35-gguf) loads to the model its HF directory
+/// gives: same config, same logits, both matching transformers in f64.
+#[test]
+fn qwen35_gguf_matches_its_hf_directory_and_transformers() {
+    let dir = fixture("tiny-qwen35-gguf");
+    let from_hf = Model::open(&dir).unwrap();
+    let from_gguf = Model::open(&dir.join("model.gguf")).unwrap();
+    assert_eq!(from_gguf.config, from_hf.config);
+    let exp = Expected::load("tiny-qwen35-gguf");
+    let (_, ids) = exp.ids("input_ids");
+    let (_, want) = exp.f32("logits_f64");
+    let run = |m: &Model| {
+        let mut state = m.new_state();
+        let hidden = m.forward(&ids, &mut state).unwrap();
+        m.logits(&hidden)
+    };
+    let (hf, gguf) = (run(&from_hf), run(&from_gguf));
+    let (between, vs_torch) = (rel_err(&gguf, &hf), rel_err(&gguf, &want));
+    println!("qwen35 GGUF: {} tokens, max-normalised logit error {between:.2e} vs the HF load, {vs_torch:.2e} vs f64 torch", ids.len());
+    assert!(between < 1e-4, "GGUF and HF loads differ by {between:.2e}");
+    assert!(vs_torch < 1e-4, "GGUF load differs from transformers in f64 by {vs_torch:.2e}");
+}
+
 #[test]
 fn greedy_generation_matches_transformers() {
     for name in ["tiny-llama", "tiny-qwen3", "tiny-qwen35"] {

@@ -269,14 +269,21 @@ fn tiny_gguf(arch: &str, tensor: &str) -> Vec<u8> {
 }
 
 #[test]
-fn qwen35_gguf_tensors_are_refused_but_metadata_reads() {
+fn qwen3next_gguf_tensors_are_refused_but_metadata_reads() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.gguf");
+    std::fs::write(&path, tiny_gguf("qwen3next", "blk.0.ssm_a")).unwrap();
+    let g = Gguf::open(&path).unwrap();
+    assert_eq!(g.architecture().unwrap(), "qwen3next");
+    let e = g.get("blk.0.ssm_a").unwrap_err().to_string();
+    assert!(e.contains("qwen3next") && e.contains("safetensors"), "{e}");
+
+    // qwen35 tensors are read, but undoing the converter's head order
+    // needs the ssm metadata, and its absence is named.
     std::fs::write(&path, tiny_gguf("qwen35", "blk.0.ssm_a")).unwrap();
     let g = Gguf::open(&path).unwrap();
-    assert_eq!(g.architecture().unwrap(), "qwen35");
-    let e = g.get("blk.0.ssm_a").unwrap_err().to_string();
-    assert!(e.contains("qwen35") && e.contains("safetensors"), "{e}");
+    let e = g.get("model.layers.0.linear_attn.A_log").unwrap_err().to_string();
+    assert!(e.contains("qwen35.ssm.group_count"), "{e}");
 
     std::fs::write(&path, tiny_gguf("qwen3", "blk.0.attn_q_norm.weight")).unwrap();
     let g = Gguf::open(&path).unwrap();

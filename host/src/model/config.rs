@@ -4,6 +4,7 @@
 //! (biases, other rope types, other activations) are `Unsupported`, never
 //! silently ignored.
 use crate::model::gguf::Gguf;
+use crate::model::gguf_qwen35::TextShape;
 use crate::model::source::TensorSource;
 use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::{Error, Result};
@@ -228,16 +229,17 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// From GGUF metadata (`general.architecture` = `llama` or `qwen3`);
+    /// From GGUF metadata (`general.architecture` = `llama`, `qwen3` or `qwen35`);
     /// `lm_head` is tied when the file has no `output.weight`.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch_name = g.architecture()?.to_string();
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "qwen3" => Arch::Qwen3,
+            "qwen35" => Arch::Qwen35,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "GGUF architecture {other:?} (hexlora reads llama and qwen3 GGUF files)"
+                    "GGUF architecture {other:?} (hexlora reads llama, qwen3 and qwen35 GGUF files)"
                 )))
             }
         };
@@ -259,7 +261,11 @@ impl ModelConfig {
             Some(_) => g.get_f32(&key("rope.freq_base"))? as f64,
             None => 10000.0,
         };
-        let num_layers = g.get_u32(&key("block_count"))? as usize;
+        let qwen35 = if arch == Arch::Qwen35 { Some(TextShape::from_gguf(g)?) } else { None };
+        let num_layers = match &qwen35 {
+            Some(s) => s.num_layers,
+            None => g.get_u32(&key("block_count"))? as usize,
+        };
         let tied = !g.tensor_infos().iter().any(|t| t.name == "output.weight");
         let eos = g.get_u32("tokenizer.ggml.eos_token_id").ok().into_iter().collect();
         let cfg = ModelConfig {
@@ -284,10 +290,10 @@ impl ModelConfig {
             } else {
                 RopeScaling::Default
             },
-            rotary_dim: head_dim,
+            rotary_dim: qwen35.as_ref().map_or(head_dim, |s| s.rotary_dim),
             tie_word_embeddings: tied,
-            layer_types: vec![LayerKind::FullAttention; num_layers],
-            gdn: None,
+            layer_types: qwen35.as_ref().map_or_else(|| vec![LayerKind::FullAttention; num_layers], |s| s.layer_types.clone()),
+            gdn: qwen35.as_ref().map(|s| s.gdn),
             prefix: "model.".into(),
             eos_token_ids: eos,
         };

@@ -17,9 +17,10 @@
 //! llama.cpp's converter permuted for its rotary layout are put back in
 //! Hugging Face order (as transformers' GGUF loader does). Tensors without a
 //! Hugging Face counterpart (e.g. `rope_freqs.weight`) keep their GGUF name.
-//! Files of architecture `qwen35` / `qwen3next` open (metadata and tokenizer
-//! are readable) but their tensors are refused: llama.cpp's converter
-//! rewrites them beyond renaming (value-head order, `A_log`, norm offsets).
+//! For `qwen35` files the converter's other rewrites (value-head order,
+//! `A_log`, norm offsets, conv shape) are undone too, see
+//! [`crate::model::gguf_qwen35`]. Files of architecture `qwen3next` open
+//! (metadata and tokenizer are readable) but their tensors are refused.
 //!
 //! ```no_run
 //! use hexlora::model::{gguf::Gguf, source::TensorSource};
@@ -29,6 +30,7 @@
 //! let wq = g.get("model.layers.0.self_attn.q_proj.weight")?.to_f32()?;
 //! # Ok::<(), hexlora::Error>(())
 //! ```
+use crate::model::gguf_qwen35::{self as qwen35, Rewritten, Undo};
 use crate::model::source::{DType, RawTensor, TensorSource};
 use crate::{Error, Result};
 use memmap2::Mmap;
@@ -230,10 +232,20 @@ pub struct Gguf {
     hf_index: HashMap<String, usize>,
     /// Hugging Face names in file order.
     hf_names: Vec<String>,
-    /// For llama q/k: heads to un-permute by, and the lazily built copy.
-    unpermuted: Vec<Option<(usize, OnceLock<Vec<u8>>)>>,
-    /// An architecture whose tensors the converter rewrote beyond renaming.
+    /// Per tensor: how to bring it back to HF convention, and the lazily
+    /// built result.
+    rewrites: Vec<Option<(Rewrite, OnceLock<Rewritten>)>>,
+    /// An architecture whose tensors the converter rewrote in ways we do not undo.
     refused_arch: Option<String>,
+}
+
+/// A converter rewrite undone on read.
+#[derive(Clone, Copy, Debug)]
+enum Rewrite {
+    /// llama q/k rotary row order, with this many heads.
+    Unpermute(usize),
+    /// Qwen3.5 conventions.
+    Qwen35(Undo),
 }
 
 /// What the header, metadata and tensor infos say.
@@ -264,31 +276,43 @@ impl Gguf {
             parsed,
             hf_index: HashMap::new(),
             hf_names: Vec::new(),
-            unpermuted: Vec::new(),
+            rewrites: Vec::new(),
             refused_arch: None,
         };
         let arch = this.architecture().unwrap_or("").to_string();
-        if arch == "qwen35" || arch == "qwen3next" {
-            // llama.cpp's converter reorders value heads and rewrites A_log
-            // and the norm weights of these; handing them out as-is would be
-            // silently wrong. Metadata (and the tokenizer) stay readable.
+        if arch == "qwen3next" {
+            // Fused qkvz / ba projections and experts: handing these out
+            // as-is would be silently wrong. Metadata (and the tokenizer)
+            // stay readable.
             this.refused_arch = Some(arch.clone());
         }
         let heads = if arch == "llama" { Some(this.llama_heads()?) } else { None };
         for (i, t) in this.parsed.tensors.iter().enumerate() {
-            let hf = hf_name(&t.name);
+            let hf = if arch == "qwen35" { qwen35_hf_name(&t.name) } else { hf_name(&t.name) };
             if this.hf_index.insert(hf.clone(), i).is_some() {
                 return Err(Error::format(&this.what, format!("tensor {hf} appears twice")));
             }
             this.hf_names.push(hf);
-            let n = match heads {
-                Some((q, _)) if t.name.ends_with(".attn_q.weight") => Some(q),
-                Some((_, kv)) if t.name.ends_with(".attn_k.weight") => Some(kv),
+            let rewrite = match heads {
+                Some((q, _)) if t.name.ends_with(".attn_q.weight") => Some(Rewrite::Unpermute(q)),
+                Some((_, kv)) if t.name.ends_with(".attn_k.weight") => Some(Rewrite::Unpermute(kv)),
+                _ if arch == "qwen35" => qwen35::undo_for(&t.name).map(Rewrite::Qwen35),
                 _ => None,
             };
-            this.unpermuted.push(n.map(|n| (n, OnceLock::new())));
+            this.rewrites.push(rewrite.map(|r| (r, OnceLock::new())));
         }
         Ok(this)
+    }
+
+    fn rewrite(&self, how: Rewrite, t: &TensorInfo, stored: &RawTensor<'_>) -> Result<Rewritten> {
+        match how {
+            Rewrite::Unpermute(n_head) => Ok(Rewritten {
+                dtype: stored.dtype,
+                shape: stored.shape.clone(),
+                bytes: Self::unpermute(t, stored.bytes, n_head, &self.what)?,
+            }),
+            Rewrite::Qwen35(undo) => qwen35::apply(undo, stored, qwen35::Heads::from_gguf(self)?),
+        }
     }
 
     fn llama_heads(&self) -> Result<(usize, usize)> {
@@ -460,23 +484,18 @@ impl TensorSource for Gguf {
                 t.name, t.ggml_type.name
             ))
         })?;
-        let stored = &self.map[t.start..t.start + t.len];
-        let bytes = match &self.unpermuted[i] {
-            None => stored,
-            Some((n_head, cell)) => {
-                if cell.get().is_none() {
-                    let v = Self::unpermute(t, stored, *n_head, &self.what)?;
-                    let _ = cell.set(v);
-                }
-                cell.get().expect("set just above").as_slice()
-            }
-        };
-        Ok(RawTensor {
+        let stored = RawTensor {
             name: name.to_string(),
             dtype,
             shape: t.dims.iter().rev().copied().collect(),
-            bytes,
-        })
+            bytes: &self.map[t.start..t.start + t.len],
+        };
+        let Some((how, cell)) = &self.rewrites[i] else { return Ok(stored) };
+        if cell.get().is_none() {
+            let _ = cell.set(self.rewrite(*how, t, &stored)?);
+        }
+        let r = cell.get().expect("set just above");
+        Ok(RawTensor { name: name.to_string(), dtype: r.dtype, shape: r.shape.clone(), bytes: &r.bytes })
     }
 }
 
@@ -512,6 +531,19 @@ pub fn hf_name(gguf: &str) -> String {
         _ => return gguf.into(),
     };
     format!("model.layers.{layer}.{hf}.{suffix}")
+}
+
+/// [`hf_name`] for a `qwen35` file, whose linear-attention tensors have
+/// names of their own.
+pub fn qwen35_hf_name(gguf: &str) -> String {
+    let layer_rest = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.'));
+    match layer_rest {
+        Some((layer, rest)) if layer.parse::<usize>().is_ok() => match qwen35::hf_layer_name(rest) {
+            Some(hf) => format!("model.layers.{layer}.{hf}"),
+            None => hf_name(gguf),
+        },
+        _ => hf_name(gguf),
+    }
 }
 
 /// A bounds-checked little-endian reader over the header.

@@ -6,6 +6,7 @@ pub mod decoder;
 pub mod descriptor;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_qwen35;
 pub mod hf_dir;
 pub mod llama;
 pub mod quant;
