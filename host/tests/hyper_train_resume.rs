@@ -83,10 +83,14 @@ fn configs() -> (HyperConfig, HyperTrainConfig) {
 }
 
 fn run(out: &Path, resume: bool, stop_after: Option<u64>) -> hexlora::Result<hexlora::hyper::commit::HyperState> {
+    run_committing(out, resume, stop_after, 1)
+}
+
+fn run_committing(out: &Path, resume: bool, stop_after: Option<u64>, commit_every: u64) -> hexlora::Result<hexlora::hyper::commit::HyperState> {
     let model = model();
     let (net, train) = configs();
     let fresh = HyperNet::init(net, &model, None, 1).unwrap();
-    hypertrain(&model, &ByteText, &users(), fresh, None, &train, out, HyperRun { resume, progress: false, stop_after })
+    hypertrain(&model, &ByteText, &users(), fresh, None, &train, out, HyperRun { resume, progress: false, stop_after, commit_every, on_step: None })
 }
 
 fn bits(net: &HyperNet) -> Vec<Vec<u32>> {
@@ -110,6 +114,14 @@ fn stopped_and_resumed_runs_are_bit_identical() {
     let losses = |s: &hexlora::hyper::commit::HyperState| s.history.iter().map(|r| (r.loss.to_bits(), r.lr.to_bits())).collect::<Vec<_>>();
     assert_eq!(losses(&a), losses(&b));
     assert_eq!(bits(&a.net), bits(&b.net));
+
+    // Committing every 2nd step: a run stopped after step 3 resumes from
+    // step 2's commit, redoes step 3, and still ends bit-identical.
+    let sparse = tempfile::tempdir().unwrap();
+    run_committing(sparse.path(), false, Some(3), 2).unwrap();
+    let c = run_committing(sparse.path(), true, None, 2).unwrap();
+    assert_eq!(losses(&a), losses(&c));
+    assert_eq!(bits(&a.net), bits(&c.net));
 
     // The saved hypernetwork reloads and synthesizes what the trained one does.
     let model = model();
@@ -143,9 +155,10 @@ fn bad_state_and_bad_input_are_refused_with_a_reason() {
 }
 
 /// Scored examples and context are disjoint; an example whose prompt alone
-/// fills `max_len` is never scored; the context respects its budget.
+/// overflows `max_len` is scored with its prompt cut from the left (the
+/// whole response kept); the context respects its budget.
 #[test]
-fn user_split_is_disjoint_and_skips_examples_that_do_not_fit() {
+fn user_split_is_disjoint_and_cuts_long_prompts_from_the_left() {
     use hexlora::hyper::users::{render_example, sample_user};
     let mut user = users().remove(0);
     user.examples.push(Pair { query: "x".repeat(100), response: "long".into() });
@@ -156,10 +169,15 @@ fn user_split_is_disjoint_and_skips_examples_that_do_not_fit() {
         assert!(b.context.len() <= 30 && !b.context.is_empty());
         let scored: Vec<usize> = (0..n).filter(|&i| b.examples.contains(&render_example(&ByteText, &user.examples[i], 40).unwrap())).collect();
         assert_eq!(scored.len(), 2, "seed {seed}");
-        assert!(!scored.contains(&(n - 1)), "the oversized example is never scored");
         for &i in &scored {
             let rendered = ByteText.encode(&format!("Q {} R {};", user.examples[i].query, user.examples[i].response)).unwrap();
             assert!(!b.context.windows(rendered.len()).any(|w| w == rendered.as_slice()), "seed {seed}: scored example {i} also in the context");
         }
     }
+    // "<user>xxx...<assistant>" is 117 bytes, "long|" 5: 35 prompt bytes survive, the last ones.
+    let long = render_example(&ByteText, &user.examples[n - 1], 40).unwrap();
+    let want = ByteText.encode(&format!("{}<assistant>long|", "x".repeat(24))).unwrap();
+    assert_eq!(long.ids, want);
+    assert_eq!(long.labels.iter().filter(|&&l| l >= 0).count(), 5);
+    assert!(long.labels[..35].iter().all(|&l| l == -100));
 }

@@ -2,14 +2,17 @@
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
 use crate::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
-use crate::hyper::users::{load_users, render_example};
+use crate::eval::lamp::read_lamp_dir;
+use crate::hyper::commit::HyperState;
+use crate::hyper::heldout::HeldOutSet;
+use crate::hyper::users::{load_users, split_users, UserRecord};
 use crate::hyper::{HeadVariant, HyperConfig, HyperNet};
 use crate::lora::Adapter;
 use crate::optim::adamw::AdamWConfig;
 use crate::optim::schedule::Decay;
 use crate::train::decoder_graph::DecoderGraph;
 use crate::train::text_encoder::ModelText;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `hexlora hypertrain`.
 #[derive(clap::Args)]
@@ -17,9 +20,30 @@ pub struct Args {
     /// GGUF file or Hugging Face model directory (the frozen target LLM).
     #[arg(long)]
     model: PathBuf,
-    /// Users JSONL: {"user": ..., "examples": [{"query", "response"}, ...]}.
+    /// Benchmark directory in LaMP format (e.g. /tmp/bb/mail-subject): its
+    /// users' profile items and answered questions, as `hexlora eval` reads them.
+    #[arg(long, conflicts_with = "data", required_unless_present = "data")]
+    bench: Option<PathBuf>,
+    /// Split of --bench to train on.
+    #[arg(long, default_value = "train")]
+    split: String,
+    /// Held-out split of --bench: loss of synthesized LoRAs vs the common
+    /// LoRA on its users, written to heldout.jsonl.
     #[arg(long)]
-    data: PathBuf,
+    dev_split: Option<String>,
+    /// Held-out users (the first N of --dev-split).
+    #[arg(long, default_value_t = 8)]
+    dev_users: usize,
+    /// Evaluate the held-out loss every N steps (and before and after training).
+    #[arg(long, default_value_t = 10)]
+    dev_every: u64,
+    /// Cut every prompt (profile item, question) to this many characters,
+    /// as `hexlora eval --max-prompt-chars` does.
+    #[arg(long, default_value_t = 700)]
+    max_prompt_chars: usize,
+    /// Users JSONL instead of --bench: {"user": ..., "examples": [{"query", "response"}, ...]}.
+    #[arg(long)]
+    data: Option<PathBuf>,
     /// Run directory: commit.safetensors, metrics.jsonl, loss.svg, hypernet/.
     #[arg(long)]
     out: PathBuf,
@@ -86,6 +110,9 @@ pub struct Args {
     /// Recompute every layer in the backward (less memory).
     #[arg(long)]
     recompute: bool,
+    /// Commit the run every N steps (a commit is 3x the network: weights and Adam moments).
+    #[arg(long, default_value_t = 1)]
+    commit_every: u64,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -95,14 +122,16 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let model = DecoderGraph::open(&args.model)?;
     let text = ModelText::open(&args.model)?;
-    let mut users = load_users(&args.data)?;
-    // A user can be scored only if some example keeps a response token within --max-len.
-    let before = users.len();
-    let fits = |p: &crate::hyper::users::Pair| render_example(&text, p, args.max_len).map(|e| e.labels.iter().skip(1).any(|&l| l >= 0));
-    users.retain(|u| u.examples.iter().any(|p| fits(p).unwrap_or(false)));
-    if users.len() < before {
-        eprintln!("skipped {} of {before} users: no example fits --max-len {}", before - users.len(), args.max_len);
-    }
+    let users = match (&args.bench, &args.data) {
+        (Some(dir), _) => bench_users(dir, &args.split, args.max_prompt_chars)?,
+        (None, Some(path)) => load_users(path)?,
+        (None, None) => anyhow::bail!("give --bench DIR or --data USERS.jsonl"),
+    };
+    let dev = match (&args.bench, &args.dev_split) {
+        (Some(dir), Some(split)) => bench_users(dir, split, args.max_prompt_chars)?.into_iter().take(args.dev_users).collect(),
+        (None, Some(_)) => anyhow::bail!("--dev-split needs --bench"),
+        _ => Vec::new(),
+    };
     let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
     let targets: Vec<String> = args.targets.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
     let (out_rank, out_alpha, out_targets) = match &common {
@@ -138,7 +167,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         seed: args.seed,
         recompute: args.recompute,
     };
-    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: None };
+    let heldout = match dev.is_empty() {
+        true => None,
+        false => Some(HeldOut::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, args.resume)?),
+    };
+    let total = train.simcse_steps + train.e2e_steps;
+    let mut on_step = |state: &HyperState| match &heldout {
+        Some(h) if state.step % args.dev_every.max(1) == 0 || state.step == total => h.record(&model, &state.net, state.step),
+        _ => Ok(()),
+    };
+    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: None, commit_every: args.commit_every, on_step: Some(&mut on_step) };
     let state = hypertrain(&model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?;
     let first = |stage| state.history.iter().find(|r| r.stage == stage).map(|r| r.loss);
     let last = |stage| state.history.iter().rev().find(|r| r.stage == stage).map(|r| r.loss);
@@ -151,4 +189,47 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let secs: f64 = state.history.iter().map(|r| r.seconds).sum();
     println!("{} steps in {secs:.1} s; hypernetwork in {}", state.step, args.out.join("hypernet").display());
     Ok(())
+}
+
+/// The users of one split of a LaMP-format benchmark directory.
+fn bench_users(dir: &Path, split: &str, max_prompt_chars: usize) -> anyhow::Result<Vec<UserRecord>> {
+    let data = read_lamp_dir(dir, split, None)?;
+    let what = format!("{} split {split}", dir.display());
+    let (users, skipped) = split_users(&data, max_prompt_chars, &what)?;
+    let examples: usize = users.iter().map(|u| u.examples.len()).sum();
+    eprintln!("{what}: {} users, {examples} examples ({} users with fewer than two examples left out)", users.len(), skipped.len());
+    Ok(users)
+}
+
+/// Held-out users' loss during training, appended to `heldout.jsonl`.
+struct HeldOut {
+    set: HeldOutSet,
+    path: PathBuf,
+}
+
+impl HeldOut {
+    /// Fixes the held-out examples, and on a fresh run records the common
+    /// LoRA's loss and the untrained network's (step 0).
+    #[allow(clippy::too_many_arguments)]
+    fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, resume: bool) -> anyhow::Result<Self> {
+        let set = HeldOutSet::new(text, fresh, dev, crate::autograd::counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
+        std::fs::create_dir_all(out)?;
+        let h = HeldOut { set, path: out.join("heldout.jsonl") };
+        if !resume {
+            let common_loss = common.map(|c| h.set.adapter_loss(model, c)).transpose()?;
+            let line = serde_json::json!({"common_lora": common_loss, "users": h.set.users.len(), "tokens": h.set.tokens()});
+            std::fs::write(&h.path, format!("{line}\n"))?;
+            h.record(model, fresh, 0)?;
+        }
+        Ok(h)
+    }
+
+    fn record(&self, model: &DecoderGraph, net: &HyperNet, step: u64) -> crate::Result<()> {
+        use std::io::Write;
+        let loss = self.set.hypernet_loss(model, net)?;
+        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| crate::Error::io(&self.path, e))?;
+        writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| crate::Error::io(&self.path, e))?;
+        eprintln!("held-out loss at step {step}: {loss:.4}");
+        Ok(())
+    }
 }

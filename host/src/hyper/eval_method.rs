@@ -4,15 +4,15 @@
 //! exactly like the other model-backed methods
 //! ([`crate::eval::model_methods::answer`], same prompts, same scoring).
 //!
-//! The profile becomes context the way `hexlora hypertrain` data does
-//! (`host/tests/fixtures/hyper/lamp_to_users.py`): each item's input wrapped
-//! in the task's question prompt as the query, its output as the response,
+//! The profile becomes context the way `hexlora hypertrain --bench` data
+//! does ([`super::users::profile_pairs`]): each item's input wrapped in the
+//! task's question prompt as the query, its output as the response,
 //! rendered with the hypernetwork's template and cut at its token budget.
-use super::users::{render_context, Pair};
+use super::users::{profile_pairs, render_context, Pair};
 use super::HyperNet;
 use crate::eval::dataset::{Query, Split, User};
 use crate::eval::method::{Decoding, Method, UserPrep};
-use crate::eval::model_methods::{answer, classify, item_prompt};
+use crate::eval::model_methods::{answer, classify};
 use crate::eval::model_runtime::EvalModel;
 use crate::eval::task::TaskSpec;
 use crate::lora::Adapter;
@@ -56,14 +56,7 @@ impl HypernetMethod {
 
     /// The hypernetwork's input for `user`: token ids of the rendered profile.
     pub fn context(&self, spec: &TaskSpec, user: &User) -> Result<Vec<u32>> {
-        let pairs: Vec<Pair> = user
-            .profile
-            .iter()
-            .map(|p| {
-                let (input, output) = p.pair(spec);
-                Pair { query: cut(&item_prompt(spec, &input), self.max_prompt_chars), response: output }
-            })
-            .collect();
+        let pairs = profile_pairs(spec, user, self.max_prompt_chars);
         let refs: Vec<&Pair> = pairs.iter().collect();
         render_context(&self.text, &self.net.config.template, &refs, self.net.config.context_tokens)
     }

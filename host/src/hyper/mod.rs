@@ -7,7 +7,8 @@
 //! - [`simcse`]: stage 1a contrastive loss;
 //! - [`distill`]: vocabulary head + cross-entropy + KL to an ICL teacher;
 //! - [`end_to_end`]: stage 1b loss and gradients of one user;
-//! - [`users`]: example pairs -> context and target token ids;
+//! - [`users`]: benchmark splits / JSONL -> example pairs -> context and target token ids;
+//! - [`heldout`]: loss of synthesized LoRAs on held-out users;
 //! - [`commit`], [`trainer`]: `hexlora hypertrain` (commits, resume);
 //! - [`eval_method`]: the `hypernet` method of `hexlora eval`.
 pub mod commit;
@@ -17,6 +18,7 @@ pub mod embedder;
 pub mod end_to_end;
 pub mod eval_method;
 pub mod heads;
+pub mod heldout;
 pub mod hypernet;
 pub mod simcse;
 pub mod trainer;

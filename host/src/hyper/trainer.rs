@@ -58,13 +58,19 @@ pub struct HyperTrainConfig {
 }
 
 /// Options besides the configuration.
-pub struct HyperRun {
+pub struct HyperRun<'a> {
     /// Continue from the commit in the output directory.
     pub resume: bool,
     /// Show a progress bar.
     pub progress: bool,
     /// Stop after this many steps in this invocation (tests).
     pub stop_after: Option<u64>,
+    /// Commit every N steps (and the last one): a commit holds the network
+    /// and both Adam moments, three times the checkpoint, so writing it every
+    /// step can cost more than the step. 1 = every step.
+    pub commit_every: u64,
+    /// Called after each step (held-out evaluation).
+    pub on_step: Option<&'a mut dyn FnMut(&HyperState) -> Result<()>>,
 }
 
 fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord]) -> String {
@@ -79,7 +85,7 @@ fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord]) 
 }
 
 /// Runs (or resumes) hypernetwork training into `out`: `commit.safetensors`
-/// after every step, `metrics.jsonl`, and at the end `hypernet/` and
+/// every `run.commit_every` steps, `metrics.jsonl`, and at the end `hypernet/` and
 /// `loss.svg`. `fresh` builds the initial network.
 #[allow(clippy::too_many_arguments)]
 pub fn hypertrain(
@@ -90,7 +96,7 @@ pub fn hypertrain(
     teacher: Option<&Adapter>,
     config: &HyperTrainConfig,
     out: &Path,
-    run: HyperRun,
+    mut run: HyperRun<'_>,
 ) -> Result<HyperState> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let fp = fingerprint(config, &fresh, users);
@@ -120,8 +126,13 @@ pub fn hypertrain(
         }
         let record = step(model, enc, users, teacher, config, &recompute, &mut state)?;
         state.history.push(record.clone());
-        state.commit(out)?;
+        if state.step % run.commit_every.max(1) == 0 || state.step == total {
+            state.commit(out)?;
+        }
         write_metrics(out, &state.history)?;
+        if let Some(f) = run.on_step.as_mut() {
+            f(&state)?;
+        }
         if let Some(bar) = &bar {
             bar.set_position(state.step);
             bar.set_message(format!("{:?} loss {:.4} (ce {:.4} kl {:.4})", record.stage, record.loss, record.ce, record.kl));

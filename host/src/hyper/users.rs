@@ -3,11 +3,17 @@
 //! cut at the token budget) and the target examples (chat-rendered
 //! prompt + completion, loss on the completion).
 //!
-//! Files: `--data` for `hexlora hypertrain` is JSONL, one user per line,
-//! `{"user": "...", "examples": [{"query": "...", "response": "..."}, ...]}`;
-//! `--context` for `hexlora synth` is JSONL of `{"query", "response"}`.
+//! Where users come from: a benchmark split in LaMP format (`hexlora
+//! hypertrain --bench DIR --split train`), read by the evaluation's loader
+//! and turned into pairs exactly as the evaluation's methods see them
+//! ([`split_users`]); or JSONL, one user per line,
+//! `{"user": "...", "examples": [{"query": "...", "response": "..."}, ...]}`
+//! (`--data`). `--context` for `hexlora synth` is JSONL of `{"query", "response"}`.
 use super::end_to_end::{Example, UserBatch};
 use crate::autograd::counter_rng;
+use crate::eval::dataset::{Split, User};
+use crate::eval::model_methods::item_prompt;
+use crate::eval::task::TaskSpec;
 use crate::train::data::{Encoder, Message};
 use crate::{Error, Result};
 use serde::Deserialize;
@@ -48,10 +54,56 @@ pub fn load_users(path: &Path) -> Result<Vec<UserRecord>> {
     if let Some(u) = users.iter().find(|u| u.examples.len() < 2) {
         return Err(Error::invalid(path.display().to_string(), format!("user {} has fewer than two examples", u.user)));
     }
-    if users.len() < 2 {
-        return Err(Error::invalid(path.display().to_string(), "needs at least two users (in-batch negatives)"));
-    }
+    check_population(&users, &path.display().to_string())?;
     Ok(users)
+}
+
+fn check_population(users: &[UserRecord], what: &str) -> Result<()> {
+    if users.len() < 2 {
+        return Err(Error::invalid(what, "needs at least two users with two examples each (in-batch negatives)"));
+    }
+    Ok(())
+}
+
+/// `text` cut to at most `max` characters, as the evaluation cuts prompts.
+fn cut(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
+/// A user's profile items as pairs: the item's input wrapped in the task's
+/// question prompt (the text the user's queries carry) and cut at
+/// `max_prompt_chars`, its output as the response. This is what per-user
+/// LoRA trains on and what the hypernetwork reads as context.
+pub fn profile_pairs(spec: &TaskSpec, user: &User, max_prompt_chars: usize) -> Vec<Pair> {
+    user.profile
+        .iter()
+        .map(|p| {
+            let (input, output) = p.pair(spec);
+            Pair { query: cut(&item_prompt(spec, &input), max_prompt_chars), response: output }
+        })
+        .collect()
+}
+
+/// The users of a benchmark split as training data: each user's profile
+/// pairs plus their answered questions (the examples the common LoRA trains
+/// on). Users with fewer than two examples cannot give both a context and a
+/// scored example; they are left out and returned by id.
+pub fn split_users(split: &Split, max_prompt_chars: usize, what: &str) -> Result<(Vec<UserRecord>, Vec<String>)> {
+    let (mut users, mut skipped) = (Vec::new(), Vec::new());
+    for user in &split.users {
+        let mut examples = profile_pairs(&split.spec, user, max_prompt_chars);
+        for q in &user.queries {
+            if let Some(gold) = &q.gold {
+                examples.push(Pair { query: cut(&q.input, max_prompt_chars), response: gold.clone() });
+            }
+        }
+        match examples.len() >= 2 {
+            true => users.push(UserRecord { user: user.id.clone(), examples }),
+            false => skipped.push(user.id.clone()),
+        }
+    }
+    check_population(&users, what)?;
+    Ok((users, skipped))
 }
 
 /// Reads a context JSONL file of `{"query", "response"}` lines.
@@ -78,15 +130,19 @@ pub fn render_context(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget
 }
 
 /// A target example: the chat-rendered query as prompt, the response (plus
-/// end of turn) as completion, cut at `max_len` tokens.
+/// end of turn) as completion, as the evaluation's trainers build it
+/// ([`crate::eval::model_runtime::EvalModel::example`]): the prompt is cut
+/// from the left so the sequence keeps the whole response within `max_len`
+/// tokens (the personal text sits at the end of the bundled prompts).
 pub fn render_example(enc: &dyn Encoder, pair: &Pair, max_len: usize) -> Result<Example> {
-    let prompt = enc.encode(&enc.render_chat(&[Message::new("user", &pair.query)], true)?)?;
+    let mut prompt = enc.encode(&enc.render_chat(&[Message::new("user", &pair.query)], true)?)?;
     let completion = enc.encode(&format!("{}{}", pair.response, enc.end_of_turn()))?;
-    let mut labels: Vec<i64> = prompt.iter().map(|_| -100).chain(completion.iter().map(|&t| t as i64)).collect();
-    let mut ids = [prompt, completion].concat();
-    ids.truncate(max_len);
-    labels.truncate(max_len);
-    Ok(Example { ids, labels })
+    let keep = max_len.saturating_sub(completion.len()).max(1);
+    if prompt.len() > keep {
+        prompt.drain(..prompt.len() - keep);
+    }
+    let labels: Vec<i64> = prompt.iter().map(|_| -100).chain(completion.iter().map(|&t| t as i64)).collect();
+    Ok(Example { ids: [prompt, completion].concat(), labels })
 }
 
 /// A seeded permutation of `0..n`.
@@ -98,8 +154,7 @@ pub fn permutation(seed: u64, n: usize) -> Vec<usize> {
 
 /// Splits a user's examples into two disjoint sets with `seed`: up to
 /// `targets` (at least one) scored examples, taken in seeded order among
-/// those that keep a response token within `max_len`, and the rest as
-/// context; the teacher's prefix is the context in a fresh order.
+/// those with a response token to score, and the rest as context; the teacher's prefix is the context in a fresh order.
 pub fn sample_user(enc: &dyn Encoder, template: &str, budget: usize, user: &UserRecord, seed: u64, targets: usize, max_len: usize) -> Result<UserBatch> {
     let order = permutation(seed, user.examples.len());
     let n_t = targets.clamp(1, user.examples.len() - 1);
@@ -115,7 +170,7 @@ pub fn sample_user(enc: &dyn Encoder, template: &str, budget: usize, user: &User
         ctx.push(&user.examples[i]);
     }
     if examples.is_empty() || ctx.is_empty() {
-        return Err(Error::invalid(format!("user {}", user.user), format!("no example keeps a response token within {max_len} tokens")));
+        return Err(Error::invalid(format!("user {}", user.user), "no example has a response token to score"));
     }
     let teacher: Vec<&Pair> = permutation(counter_rng::derive(seed, 1), ctx.len()).iter().map(|&i| ctx[i]).collect();
     Ok(UserBatch {
