@@ -1,6 +1,7 @@
 //! `hexlora train`: LoRA fine-tuning from JSONL into a PEFT adapter, with
 //! commits after every optimizer step and `--resume`.
 use crate::lora::LoraConfig;
+use crate::model::cpu_projection::FrozenDtype;
 use crate::optim::adamw::AdamWConfig;
 use crate::optim::schedule::{Decay, Schedule};
 use crate::lora::Adapter;
@@ -91,6 +92,12 @@ pub struct Args {
     /// of the fused node (same results; for step-time comparisons).
     #[arg(long)]
     no_fuse: bool,
+    /// Precision of the frozen weights on the CPU: bf16 halves their memory
+    /// and runs on AMX tiles where the CPU has them (activations rounded to
+    /// bf16 per product, sums and everything trainable in f32); f32 computes
+    /// with exactly the checkpoint's effective weight.
+    #[arg(long, value_enum, default_value_t = FrozenDtype::Bf16)]
+    frozen_dtype: FrozenDtype,
 }
 
 /// The optimizer of `hexlora train`.
@@ -115,9 +122,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::autograd::profile::enable();
     }
     let model: Box<dyn TrainableModel> = if crate::train::is_qwen35(&args.model)? {
-        crate::train::open_trainable(&args.model)?
+        crate::train::open_trainable_dtype(&args.model, args.frozen_dtype)?
     } else {
-        let mut model = DecoderGraph::open(&args.model)?;
+        let mut model = DecoderGraph::open_dtype(&args.model, args.frozen_dtype)?;
         model.set_unfused_lora(args.no_fuse);
         Box::new(model)
     };

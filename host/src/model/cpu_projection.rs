@@ -5,7 +5,13 @@
 //!
 //! The weight may be a row window of a shared table (the vocabulary head's
 //! slices over a tied embedding), so nothing is copied.
+//!
+//! [`Bf16Projection`] holds the same weight once in bf16 (half the memory)
+//! and computes both products with f32 accumulation
+//! ([`crate::ops::bf16_matmul`], AMX where the CPU has it); which one a
+//! model gets is its [`FrozenDtype`].
 use crate::model::source::RawTensor;
+use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows};
 use crate::ops::matmul::{matmul, matmul_bt};
 use crate::projection::{Direction, Projection, ProjectionInfo};
 use crate::{Error, Result};
@@ -84,6 +90,99 @@ impl Projection for CpuProjection {
     }
 }
 
+/// Precision in which the CPU holds frozen weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum FrozenDtype {
+    /// Dense f32: exactly the effective weight (the PyTorch fixtures' setting).
+    #[default]
+    F32,
+    /// bf16, half the memory; activations rounded to bf16 per product,
+    /// sums in f32 (AMX tiles where available).
+    Bf16,
+}
+
+/// The projection factory for `dtype` (see [`crate::model::decoder::ProjectionFactory`]).
+pub fn factory(dtype: FrozenDtype) -> fn(ProjectionInfo, &RawTensor<'_>) -> Result<Arc<dyn Projection>> {
+    match dtype {
+        FrozenDtype::F32 => crate::model::decoder::cpu_projection,
+        FrozenDtype::Bf16 => |info, raw| Ok(Arc::new(Bf16Projection::from_raw(info, raw)?)),
+    }
+}
+
+/// A frozen projection held in bf16 on the CPU: the forward and the input
+/// gradient read the one row-major copy.
+pub struct Bf16Projection {
+    info: ProjectionInfo,
+    /// Holds `[out_features, in_features]` from row `first_row` on.
+    table: Arc<Bf16Matrix>,
+    first_row: usize,
+    kernel: Kernel,
+}
+
+impl Bf16Projection {
+    /// Rounds an f32 weight `[out, in]` to bf16 (nearest even).
+    pub fn from_f32(info: ProjectionInfo, weight: &[f32]) -> Result<Self> {
+        if weight.len() != info.out_features * info.in_features {
+            return Err(Error::Shape {
+                what: info.name.clone(),
+                expected: vec![info.out_features, info.in_features],
+                got: vec![weight.len()],
+            });
+        }
+        let table = Arc::new(Bf16Matrix::from_f32(weight, info.out_features, info.in_features));
+        Self::window(info, table, 0)
+    }
+
+    /// Dequantizes a checkpoint tensor `[out, in]` and keeps only its bf16 rounding.
+    pub fn from_raw(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Self> {
+        if raw.shape != [info.out_features, info.in_features] {
+            return Err(Error::Shape {
+                what: raw.name.clone(),
+                expected: vec![info.out_features, info.in_features],
+                got: raw.shape.clone(),
+            });
+        }
+        Self::from_f32(info, &raw.to_f32()?)
+    }
+
+    /// Rows `first_row .. first_row + out_features` of a shared bf16 table.
+    pub fn window(info: ProjectionInfo, table: Arc<Bf16Matrix>, first_row: usize) -> Result<Self> {
+        if table.cols() != info.in_features || first_row + info.out_features > table.rows() {
+            return Err(Error::Shape {
+                what: format!("{} (bf16 row window from {first_row})", info.name),
+                expected: vec![first_row + info.out_features, info.in_features],
+                got: vec![table.rows(), table.cols()],
+            });
+        }
+        Ok(Bf16Projection { info, table, first_row, kernel: Kernel::detect() })
+    }
+
+    /// The same projection computed by `kernel` (tests compare kernels).
+    pub fn with_kernel(mut self, kernel: Kernel) -> Self {
+        self.kernel = kernel;
+        self
+    }
+
+    fn rows(&self) -> Rows<'_> {
+        Rows { matrix: &self.table, first: self.first_row, len: self.info.out_features }
+    }
+}
+
+impl Projection for Bf16Projection {
+    fn info(&self) -> &ProjectionInfo {
+        &self.info
+    }
+
+    fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
+        self.info.check_io(dir, input, tokens, out)?;
+        match dir {
+            Direction::Forward => bf16_matmul::forward(self.kernel, out, input, tokens, self.rows()),
+            Direction::InputGrad => bf16_matmul::input_grad(self.kernel, out, input, tokens, self.rows()),
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +218,37 @@ mod tests {
         assert_eq!(CpuProjection::window(two.clone(), table.clone(), 1).unwrap().weight(), &table[2..6]);
         assert!(CpuProjection::window(two, table.clone(), 3).is_err());
         assert!(CpuProjection::window(info, table, 2).is_err());
+    }
+
+    /// The bf16 projection equals f64 products of the bf16-rounded weight
+    /// and input, in both directions, whole and as a row window.
+    #[test]
+    fn bf16_projection_matches_f64_of_rounded_operands() {
+        use half::bf16;
+        let (out_f, in_f, tokens) = (21, 45, 9);
+        let table: Vec<f32> = (0..(out_f + 4) * in_f).map(|i| (i as f32 * 0.37).sin()).collect();
+        let info = ProjectionInfo { name: "p".into(), kind: ProjectionKind::Mlp, out_features: out_f, in_features: in_f };
+        let shared = Arc::new(Bf16Matrix::from_f32(&table, out_f + 4, in_f));
+        let p = Bf16Projection::window(info.clone(), shared.clone(), 4).unwrap();
+        let r = |v: f32| bf16::from_f32(v).to_f64();
+        let w = |o: usize, i: usize| r(table[(4 + o) * in_f + i]);
+        let x: Vec<f32> = (0..tokens * in_f).map(|i| (i as f32 * 0.91).cos()).collect();
+        let mut y = vec![0.0; tokens * out_f];
+        p.apply(Direction::Forward, &x, tokens, &mut y).unwrap();
+        let mut dx = vec![0.0; tokens * in_f];
+        p.apply(Direction::InputGrad, &y, tokens, &mut dx).unwrap();
+        for t in 0..tokens {
+            for o in 0..out_f {
+                let want: f64 = (0..in_f).map(|i| r(x[t * in_f + i]) * w(o, i)).sum();
+                assert!((y[t * out_f + o] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()));
+            }
+            for i in 0..in_f {
+                let want: f64 = (0..out_f).map(|o| r(y[t * out_f + o]) * w(o, i)).sum();
+                assert!((dx[t * in_f + i] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()));
+            }
+        }
+        assert!(p.apply(Direction::Forward, &x, tokens + 1, &mut y).is_err());
+        assert!(Bf16Projection::window(info.clone(), shared.clone(), 5).is_err(), "window past the end");
+        assert!(Bf16Projection::from_f32(info, &table[..10]).is_err());
     }
 }

@@ -8,6 +8,7 @@
 //! [`crate::projection::Projection`].
 pub mod activation;
 pub mod attention;
+pub mod bf16_matmul;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod gdn;

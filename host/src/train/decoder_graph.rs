@@ -15,11 +15,12 @@
 use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
 use crate::model::config::{Arch, LayerKind, ModelConfig};
-use crate::model::cpu_projection::CpuProjection;
+use crate::model::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
 use crate::model::source::TensorSource;
 use crate::ops::attention::AttnDims;
+use crate::ops::bf16_matmul::Bf16Matrix;
 use crate::ops::cross_entropy::slice_rows;
 use crate::ops::embedding::embedding_forward;
 use crate::ops::rmsnorm::NormWeight;
@@ -51,7 +52,7 @@ struct Shared {
 pub struct DecoderGraph {
     shared: Arc<Shared>,
     /// `[vocab, hidden]` token embeddings.
-    embed: Arc<Vec<f32>>,
+    embed: EmbedTable,
     final_norm: Arc<Vec<f32>>,
     /// The whole `[vocab, hidden]` head (a window over the tied embedding
     /// when the checkpoint has no `lm_head`: nothing copied).
@@ -66,17 +67,77 @@ fn f32_tensor(src: &dyn TensorSource, name: &str) -> Result<Arc<Vec<f32>>> {
     Ok(Arc::new(src.get(name)?.to_f32()?))
 }
 
+/// The `[vocab, hidden]` token embeddings in the frozen dtype. With bf16 a
+/// tied head shares the table, so no f32 copy of it stays resident.
+enum EmbedTable {
+    F32(Arc<Vec<f32>>),
+    Bf16(Arc<Bf16Matrix>),
+}
+
+impl EmbedTable {
+    /// `out[t, :] = table[ids[t], :]` (`out: [ids.len(), dim]`).
+    fn lookup(&self, out: &mut [f32], ids: &[u32], dim: usize) -> Result<()> {
+        let table = match self {
+            EmbedTable::F32(t) => return embedding_forward(out, ids, t, dim),
+            EmbedTable::Bf16(t) => t,
+        };
+        for (row, &id) in out.chunks_exact_mut(dim).zip(ids) {
+            if id as usize >= table.rows() {
+                return Err(Error::invalid("token id", format!("{id} is outside the vocabulary of {}", table.rows())));
+            }
+            row.iter_mut().zip(table.row(id as usize)).for_each(|(o, w)| *o = w.to_f32());
+        }
+        Ok(())
+    }
+}
+
+/// The vocabulary head's table: the untied `lm_head` or the embeddings.
+fn head_table(src: &dyn TensorSource, desc: &Descriptor, embed: &EmbedTable, cfg: &ModelConfig) -> Result<EmbedTable> {
+    let untied = match &desc.lm_head {
+        Some(t) => src.get(&t.name)?.to_f32()?,
+        None => {
+            return Ok(match embed {
+                EmbedTable::F32(t) => EmbedTable::F32(t.clone()),
+                EmbedTable::Bf16(t) => EmbedTable::Bf16(t.clone()),
+            })
+        }
+    };
+    Ok(match embed {
+        EmbedTable::F32(_) => EmbedTable::F32(Arc::new(untied)),
+        EmbedTable::Bf16(_) => EmbedTable::Bf16(Arc::new(Bf16Matrix::from_f32(&untied, cfg.vocab_size, cfg.hidden_size))),
+    })
+}
+
+/// A row window of the head table as a projection.
+fn head_window(table: &EmbedTable, info: ProjectionInfo, first: usize) -> Result<Arc<dyn Projection>> {
+    Ok(match table {
+        EmbedTable::F32(t) => Arc::new(CpuProjection::window(info, t.clone(), first)?),
+        EmbedTable::Bf16(t) => Arc::new(Bf16Projection::window(info, t.clone(), first)?),
+    })
+}
+
 impl DecoderGraph {
     /// Loads every tensor of `cfg`'s architecture from `src` with CPU f32
     /// projections. Qwen3.5 (Gated DeltaNet) is not wired into training yet.
     pub fn load(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Self> {
-        Self::load_with(src, cfg, &crate::model::decoder::cpu_projection)
+        Self::load_dtype(src, cfg, FrozenDtype::F32)
+    }
+
+    /// Like [`DecoderGraph::load`] with every frozen weight (projections,
+    /// embeddings, vocabulary head) held in `dtype`.
+    pub fn load_dtype(src: &dyn TensorSource, cfg: ModelConfig, dtype: FrozenDtype) -> Result<Self> {
+        Self::load_frozen(src, cfg, &crate::model::cpu_projection::factory(dtype), dtype)
     }
 
     /// Like [`DecoderGraph::load`], with `make` building every per-layer
     /// frozen projection (the split runtime passes one that routes to the
-    /// NPU service). The vocabulary head stays on the CPU.
+    /// NPU service). The vocabulary head stays on the CPU in f32.
     pub fn load_with(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>) -> Result<Self> {
+        Self::load_frozen(src, cfg, make, FrozenDtype::F32)
+    }
+
+    /// `make` builds the per-layer projections; embeddings and head are held in `table_dtype`.
+    fn load_frozen(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>, table_dtype: FrozenDtype) -> Result<Self> {
         if cfg.arch == Arch::Qwen35 || cfg.layer_types.iter().any(|k| *k != LayerKind::FullAttention) {
             return Err(Error::Unsupported("training Qwen3.5 (Gated DeltaNet layers) is not implemented yet".into()));
         }
@@ -98,33 +159,41 @@ impl DecoderGraph {
                 qk_norm,
             });
         }
-        let embed = f32_tensor(src, &desc.embed.name)?;
-        let head_name = desc.lm_head.as_ref().map_or(desc.embed.name.clone(), |t| t.name.clone());
+        let embed = match table_dtype {
+            FrozenDtype::F32 => EmbedTable::F32(f32_tensor(src, &desc.embed.name)?),
+            FrozenDtype::Bf16 => {
+                let e = src.get(&desc.embed.name)?.to_f32()?;
+                EmbedTable::Bf16(Arc::new(Bf16Matrix::from_f32(&e, cfg.vocab_size, cfg.hidden_size)))
+            }
+        };
         let head_info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: cfg.vocab_size, in_features: cfg.hidden_size };
-        let head_w = if desc.lm_head.is_some() { Arc::new(src.get(&head_name)?.to_f32()?) } else { embed.clone() };
-        let head: Arc<dyn Projection> = Arc::new(CpuProjection::window(head_info.clone(), head_w.clone(), 0)?);
+        let head_w = head_table(src, &desc, &embed, &cfg)?;
+        let head = head_window(&head_w, head_info.clone(), 0)?;
         let head_slices = slice_rows(cfg.vocab_size)
             .into_iter()
-            .map(|(first, rows)| -> Result<Arc<dyn Projection>> {
-                Ok(Arc::new(CpuProjection::window(ProjectionInfo { out_features: rows, ..head_info.clone() }, head_w.clone(), first)?))
-            })
+            .map(|(first, rows)| head_window(&head_w, ProjectionInfo { out_features: rows, ..head_info.clone() }, first))
             .collect::<Result<_>>()?;
         let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
         let final_norm = f32_tensor(src, &desc.final_norm.name)?;
         Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq }), embed, final_norm, head, head_slices, unfused_lora: false })
     }
 
-    /// Opens a GGUF file or a Hugging Face directory (CPU projections).
+    /// Opens a GGUF file or a Hugging Face directory (CPU projections, f32).
     pub fn open(path: &std::path::Path) -> Result<Self> {
+        Self::open_dtype(path, FrozenDtype::F32)
+    }
+
+    /// [`DecoderGraph::open`] with frozen weights held in `dtype`.
+    pub fn open_dtype(path: &std::path::Path, dtype: FrozenDtype) -> Result<Self> {
         use crate::model::{gguf::Gguf, hf_dir::HfDir};
         if path.is_dir() {
             let dir = HfDir::open(path)?;
             let cfg = ModelConfig::from_hf_json(dir.config())?;
-            Self::load(&dir, cfg)
+            Self::load_dtype(&dir, cfg, dtype)
         } else if path.extension().is_some_and(|e| e == "gguf") {
             let g = Gguf::open(path)?;
             let cfg = ModelConfig::from_gguf(&g)?;
-            Self::load(&g, cfg)
+            Self::load_dtype(&g, cfg, dtype)
         } else {
             Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
         }
@@ -164,7 +233,7 @@ impl DecoderGraph {
         let cfg = &self.shared.cfg;
         let ids: Vec<u32> = input_ids.concat();
         let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
-        embedding_forward(&mut x.data, &ids, &self.embed, cfg.hidden_size)?;
+        self.embed.lookup(&mut x.data, &ids, cfg.hidden_size)?;
         let mut x = tape.constant(x);
         let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
         for l in 0..self.shared.layers.len() {
@@ -292,5 +361,36 @@ mod tests {
             assert!(g.data.iter().any(|&v| v != 0.0), "{key} has a gradient");
             assert_eq!(bits(g), bits(&unfused.grads.tensors[key]), "{key}");
         }
+    }
+
+    /// Frozen weights in bf16 (projections, embeddings and tied head) train
+    /// the tiny PyTorch-fixture Llama like f32 does: loss within 0.1% and
+    /// every adapter gradient within cosine 0.995 of the f32 graph's.
+    /// (bf16 keeps 8 significant bits, a relative rounding of at most 2^-9
+    /// per weight and per activation entering a frozen product; measured
+    /// here: loss 1.0e-4 relative, worst gradient cosine 0.9980.)
+    #[test]
+    fn bf16_frozen_weights_train_like_f32() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama");
+        let src = HfDir::open(&dir.join("model")).unwrap();
+        let cfg = ModelConfig::from_hf_json(src.config()).unwrap();
+        let f32_model = DecoderGraph::load(&src, cfg.clone()).unwrap();
+        let bf16_model = DecoderGraph::load_dtype(&src, cfg, FrozenDtype::Bf16).unwrap();
+        let adapter = Adapter::load(&dir.join("adapter")).unwrap();
+        let batch: Batch = serde_json::from_str(&std::fs::read_to_string(dir.join("batch.json")).unwrap()).unwrap();
+        let full = compute_grads(&f32_model, &adapter, &batch, &GraphOptions::default(), false).unwrap();
+        let half = compute_grads(&bf16_model, &adapter, &batch, &GraphOptions::default(), false).unwrap();
+        let rel = ((half.loss - full.loss) / full.loss).abs();
+        eprintln!("loss f32 {} bf16 {} (relative {rel:.2e})", full.loss, half.loss);
+        assert!(rel < 1e-3, "loss f32 {} vs bf16 {}", full.loss, half.loss);
+        let mut worst = 1f64;
+        for (key, g) in &full.grads.tensors {
+            let h = &half.grads.tensors[key];
+            let dot: f64 = g.data.iter().zip(&h.data).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let norm = |t: &Tensor| t.data.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+            worst = worst.min(dot / (norm(g) * norm(h)));
+        }
+        eprintln!("worst adapter-gradient cosine {worst:.6}");
+        assert!(worst > 0.995, "worst gradient cosine {worst}");
     }
 }

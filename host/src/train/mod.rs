@@ -18,16 +18,23 @@ pub mod text_encoder;
 /// its architecture (Qwen3.5 gets [`qwen35_graph::Qwen35Graph`], Llama and
 /// Qwen3 [`decoder_graph::DecoderGraph`]), with CPU projections.
 pub fn open_trainable(path: &std::path::Path) -> crate::Result<Box<dyn graph::TrainableModel>> {
+    open_trainable_dtype(path, crate::model::cpu_projection::FrozenDtype::F32)
+}
+
+/// [`open_trainable`] with frozen weights held in `dtype` (Qwen3.5's
+/// projections; its embeddings and head stay f32).
+pub fn open_trainable_dtype(path: &std::path::Path, dtype: crate::model::cpu_projection::FrozenDtype) -> crate::Result<Box<dyn graph::TrainableModel>> {
     use crate::model::{config::{Arch, ModelConfig}, hf_dir::HfDir};
     if path.is_dir() {
         let dir = HfDir::open(path)?;
         let cfg = ModelConfig::from_hf_json(dir.config())?;
         if cfg.arch == Arch::Qwen35 {
-            return Ok(Box::new(qwen35_graph::Qwen35Graph::load(&dir, cfg)?));
+            let make = crate::model::cpu_projection::factory(dtype);
+            return Ok(Box::new(qwen35_graph::Qwen35Graph::load_with(&dir, cfg, &make)?));
         }
-        return Ok(Box::new(decoder_graph::DecoderGraph::load(&dir, cfg)?));
+        return Ok(Box::new(decoder_graph::DecoderGraph::load_dtype(&dir, cfg, dtype)?));
     }
-    Ok(Box::new(decoder_graph::DecoderGraph::open(path)?))
+    Ok(Box::new(decoder_graph::DecoderGraph::open_dtype(path, dtype)?))
 }
 
 /// Whether `path` is a Hugging Face directory of a Qwen3.5 model.

@@ -1,0 +1,309 @@
+//! Products with a frozen weight held once, row-major, in bf16: the forward
+//! `Y = X W^T` and the input gradient `dX = dY W` read the same storage.
+//! Activations are rounded to bf16 on the way in (round to nearest even,
+//! as `half::bf16::from_f32` does); every product of two bf16 values is
+//! exact in f32 and sums accumulate in f32, so the only rounding beyond the
+//! operands' is f32 summation.
+//!
+//! Two kernels over the same storage:
+//! - [`Kernel::Amx`] (x86-64 with AMX-BF16, `amx.rs`): `TDPBF16PS` on 16x16
+//!   f32 tiles. Row-major W is neither an AMX `B` operand for the forward
+//!   (pairs along `in` per output) nor for the input gradient (pairs of rows
+//!   interleaved), so each call builds the `B` tiles of one 32-wide output
+//!   panel in a per-thread scratch (a few KB to 100 KB) and reuses them for
+//!   every token block: one copy of W in memory, two cheap tile layouts on
+//!   the fly.
+//! - [`Kernel::Portable`] (`portable.rs`): any CPU; converts 64-row or
+//!   64-column panels of W to f32 and multiplies the bf16-rounded
+//!   activations with `matrixmultiply`.
+//!
+//! Both split the output into column panels over rayon; each output element
+//! is summed by one thread in a fixed order, so results do not depend on
+//! the thread count.
+use half::bf16;
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
+mod portable;
+
+/// A `[rows, cols]` matrix of bf16, row-major, no padding.
+pub struct Bf16Matrix {
+    data: Vec<bf16>,
+    rows: usize,
+    cols: usize,
+}
+
+impl Bf16Matrix {
+    /// Rounds `w: [rows, cols]` (f32) to bf16, nearest even.
+    pub fn from_f32(w: &[f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(w.len(), rows * cols, "bf16 matrix length");
+        let data = w.iter().map(|&v| bf16::from_bits(round_bits(v))).collect();
+        Bf16Matrix { data, rows, cols }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r`.
+    pub fn row(&self, r: usize) -> &[bf16] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+
+    /// The whole matrix, row-major.
+    pub fn as_slice(&self) -> &[bf16] {
+        &self.data
+    }
+
+    /// `[rows, cols]` bits, row-major (the kernels' view).
+    fn bits(&self) -> &[u16] {
+        // SAFETY: bf16 is repr(transparent) over u16.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u16>(), self.data.len()) }
+    }
+}
+
+/// Rows `first .. first + len` of a [`Bf16Matrix`]: the weight `[len, cols]`
+/// of one product (a projection, or a vocabulary slice of a tied head).
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    /// The table.
+    pub matrix: &'a Bf16Matrix,
+    /// First row of the window.
+    pub first: usize,
+    /// Rows in the window.
+    pub len: usize,
+}
+
+impl Rows<'_> {
+    /// The window's `[len, cols]` bits.
+    fn bits(&self) -> &[u16] {
+        let c = self.matrix.cols;
+        &self.matrix.bits()[self.first * c..(self.first + self.len) * c]
+    }
+}
+
+/// Which implementation computes a product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// AMX tiles (`TDPBF16PS`).
+    Amx,
+    /// Any CPU: bf16 panels widened to f32, `matrixmultiply`.
+    Portable,
+}
+
+impl Kernel {
+    /// AMX when the CPU has AMX-BF16 and the OS granted this process the
+    /// tile state (asked once), else the portable kernel.
+    pub fn detect() -> Kernel {
+        if amx_available() {
+            Kernel::Amx
+        } else {
+            Kernel::Portable
+        }
+    }
+}
+
+/// Whether [`Kernel::Amx`] can run here (CPUID and the Linux permission).
+pub fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `out[tokens, w.len] = bf16(x[tokens, cols]) W^T`.
+pub fn forward(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: Rows<'_>) {
+    let (k, n) = (w.matrix.cols, w.len);
+    assert!(x.len() == tokens * k && out.len() == tokens * n, "bf16 forward lengths");
+    assert!(w.first + w.len <= w.matrix.rows, "bf16 row window");
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Amx if amx::available() => amx::forward(out, x, tokens, w.bits(), n, k),
+        Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
+        Kernel::Portable => portable::forward(out, x, tokens, w.bits(), n, k),
+    }
+}
+
+/// `out[tokens, cols] = bf16(dy[tokens, w.len]) W`.
+pub fn input_grad(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w: Rows<'_>) {
+    let (rows, cols) = (w.len, w.matrix.cols);
+    assert!(dy.len() == tokens * rows && out.len() == tokens * cols, "bf16 input-gradient lengths");
+    assert!(w.first + w.len <= w.matrix.rows, "bf16 row window");
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Amx if amx::available() => amx::input_grad(out, dy, tokens, w.bits(), rows, cols),
+        Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
+        Kernel::Portable => portable::input_grad(out, dy, tokens, w.bits(), rows, cols),
+    }
+}
+
+/// bf16 bits of `v`, rounded to nearest even; NaN stays a (quiet) NaN.
+/// Written branch-free so slice loops vectorize; equals
+/// `half::bf16::from_f32(v).to_bits()` (tested).
+#[inline]
+pub fn round_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
+    if nan {
+        ((b >> 16) as u16) | 0x0040
+    } else {
+        rounded
+    }
+}
+
+/// `src: [rows, cols]` rounded to bf16 into a zeroed `[rows_p, cols_p]`
+/// buffer (the kernels pad to whole tiles).
+fn round_padded(src: &[f32], rows: usize, cols: usize, rows_p: usize, cols_p: usize) -> Vec<u16> {
+    let mut out = vec![0u16; rows_p * cols_p];
+    for (o, s) in out.chunks_exact_mut(cols_p).zip(src.chunks_exact(cols.max(1))).take(rows) {
+        o[..cols].iter_mut().zip(s).for_each(|(o, &v)| *o = round_bits(v));
+    }
+    out
+}
+
+/// bf16 bits to f32 (exact).
+#[inline]
+fn widen(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// `*mut f32` shared by the panels of one product; each panel writes a
+/// disjoint set of output columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: panels write disjoint elements (see the kernels).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, k: f32, amp: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 * k).sin() + 0.3 * (i as f32 * 0.017).cos()) * amp).collect()
+    }
+
+    /// f64 products of the bf16-rounded operands: `(value, sum |a b|)`.
+    fn reference(a: &[f32], a_rows: usize, k: usize, b_at: impl Fn(usize, usize) -> f32, n: usize) -> Vec<(f64, f64)> {
+        let r = |v: f32| bf16::from_f32(v).to_f64();
+        let mut out = Vec::with_capacity(a_rows * n);
+        for t in 0..a_rows {
+            for j in 0..n {
+                let (mut s, mut mag) = (0f64, 0f64);
+                for p in 0..k {
+                    let prod = r(a[t * k + p]) * r(b_at(p, j));
+                    s += prod;
+                    mag += prod.abs();
+                }
+                out.push((s, mag));
+            }
+        }
+        out
+    }
+
+    fn assert_close(got: &[f32], want: &[(f64, f64)], what: &str) {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, (w, mag))) in got.iter().zip(want).enumerate() {
+            assert!((*g as f64 - w).abs() <= 1e-5 * mag + 1e-30, "{what} element {i}: {g} vs {w} (sum |ab| {mag})");
+        }
+    }
+
+    fn kernels() -> Vec<Kernel> {
+        if amx_available() {
+            vec![Kernel::Amx, Kernel::Portable]
+        } else {
+            eprintln!("AMX-BF16 not available on this CPU/OS: checking the portable kernel only");
+            vec![Kernel::Portable]
+        }
+    }
+
+    /// Both directions against f64 of the bf16-rounded operands, on shapes
+    /// that are not multiples of the tiles, through a row window that
+    /// starts mid-table.
+    #[test]
+    fn both_directions_match_f64_of_bf16_operands() {
+        for &(out_f, in_f) in &[(40, 50), (19, 70), (33, 96), (64, 31), (100, 200)] {
+            let first = 3;
+            let table = values((first + out_f + 5) * in_f, 0.37, 1.5);
+            let m = Bf16Matrix::from_f32(&table, first + out_f + 5, in_f);
+            let w = Rows { matrix: &m, first, len: out_f };
+            let w_at = |o: usize, i: usize| table[(first + o) * in_f + i];
+            for tokens in [1, 7, 33, 256] {
+                let x = values(tokens * in_f, 0.71, 2.0);
+                let want = reference(&x, tokens, in_f, |p, j| w_at(j, p), out_f);
+                let dy = values(tokens * out_f, 0.53, 0.8);
+                let want_dx = reference(&dy, tokens, out_f, w_at, in_f);
+                for kernel in kernels() {
+                    let mut y = vec![f32::NAN; tokens * out_f];
+                    forward(kernel, &mut y, &x, tokens, w);
+                    assert_close(&y, &want, &format!("{kernel:?} forward {tokens}x{in_f}->{out_f}"));
+                    let mut dx = vec![f32::NAN; tokens * in_f];
+                    input_grad(kernel, &mut dx, &dy, tokens, w);
+                    assert_close(&dx, &want_dx, &format!("{kernel:?} input grad {tokens}x{out_f}->{in_f}"));
+                }
+            }
+        }
+    }
+
+    /// The AMX and the portable kernel agree (same rounded operands, only
+    /// the f32 summation order differs), and neither depends on the
+    /// number of threads.
+    #[test]
+    fn amx_and_portable_agree_and_ignore_thread_count() {
+        let (tokens, out_f, in_f) = (48, 70, 100);
+        let table = values(out_f * in_f, 0.29, 1.0);
+        let m = Bf16Matrix::from_f32(&table, out_f, in_f);
+        let w = Rows { matrix: &m, first: 0, len: out_f };
+        let x = values(tokens * in_f, 0.83, 1.0);
+        let run = |kernel: Kernel, threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let (mut y, mut dx) = (vec![0.0; tokens * out_f], vec![0.0; tokens * in_f]);
+            pool.install(|| {
+                forward(kernel, &mut y, &x, tokens, w);
+                input_grad(kernel, &mut dx, &y, tokens, w);
+            });
+            (y, dx)
+        };
+        for kernel in kernels() {
+            assert_eq!(run(kernel, 1), run(kernel, 3), "{kernel:?}: bit-identical across thread counts");
+        }
+        if !amx_available() {
+            eprintln!("skipping the AMX-vs-portable comparison: AMX-BF16 not available");
+            return;
+        }
+        let (amx, port) = (run(Kernel::Amx, 2), run(Kernel::Portable, 2));
+        for (a, p) in amx.0.iter().zip(&port.0).chain(amx.1.iter().zip(&port.1)) {
+            assert!((a - p).abs() <= 1e-5 * (1.0 + p.abs()), "{a} vs {p}");
+        }
+    }
+
+    #[test]
+    fn rounding_matches_half() {
+        let specials = [0.0f32, -0.0, 1.0, f32::MAX, f32::MIN_POSITIVE, 1e-40, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN];
+        let mut bits: Vec<u32> = specials.iter().map(|v| v.to_bits()).collect();
+        // halfway cases (both parities), neighbours, and a spread of values
+        bits.extend([0x3f80_8000, 0x3f81_8000, 0x3f80_7fff, 0x3f80_8001, 0x7f7f_ffff, 0x7f80_0001, 0xffc0_0001]);
+        bits.extend((0..200_000u32).map(|i| i.wrapping_mul(2_654_435_761)));
+        for b in bits {
+            let v = f32::from_bits(b);
+            let want = bf16::from_f32(v);
+            let got = bf16::from_bits(round_bits(v));
+            if want.is_nan() {
+                assert!(got.is_nan(), "{b:#x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{b:#x}");
+            }
+        }
+    }
+}
