@@ -19,11 +19,11 @@
 //! kept per layer is the checkpoints and `o`, not one state per token.
 use super::nodes::NodeKind;
 use super::tape::{Tape, Var};
-use crate::model::config::GdnConfig;
+use crate::model::qwen35::L2NORM_EPS;
 use crate::ops::activation::{sigmoid, silu_forward};
 use crate::ops::gdn::{
     conv1d_causal_backward, conv1d_causal_forward, delta_rule_backward, delta_rule_forward_checkpointed, gated_rmsnorm_backward,
-    gated_rmsnorm_forward, gdn_gates_backward, gdn_gates_forward, l2norm_backward, l2norm_forward, silu_backward, DeltaDims, DeltaGrads,
+    gated_rmsnorm_forward, gdn_gates_backward, gdn_gates_forward, l2norm_backward, l2norm_forward, silu_backward, DeltaGrads,
 };
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -32,32 +32,7 @@ use std::sync::Arc;
 /// Tokens between saved recurrent states.
 pub const CHECKPOINT_EVERY: usize = 16;
 
-/// transformers' `l2norm` epsilon (fixed, not `rms_norm_eps`).
-const L2NORM_EPS: f32 = 1e-6;
-
-/// The frozen non-projection weights of one Gated DeltaNet layer.
-#[derive(Clone, Debug)]
-pub struct GdnWeights {
-    /// Depthwise conv `[conv_dim, K]`.
-    pub conv_weight: Vec<f32>,
-    /// `[n_v_head]`.
-    pub dt_bias: Vec<f32>,
-    /// `[n_v_head]`.
-    pub a_log: Vec<f32>,
-    /// Gated RMSNorm weight `[v_dim]` (plain `w`).
-    pub norm_weight: Vec<f32>,
-    /// Sizes.
-    pub dims: GdnConfig,
-    /// Gated RMSNorm epsilon.
-    pub eps: f32,
-}
-
-impl GdnWeights {
-    fn delta_dims(&self) -> DeltaDims {
-        let d = self.dims;
-        DeltaDims { n_k_head: d.n_k_head, n_v_head: d.n_v_head, k_dim: d.k_dim, v_dim: d.v_dim }
-    }
-}
+pub use crate::model::qwen35::GdnWeights;
 
 /// Qwen3.5's node kinds (one variant of [`NodeKind`]).
 pub(crate) enum Qwen35Node {
@@ -293,6 +268,7 @@ impl Tape {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::config::GdnConfig;
     use crate::autograd::gradcheck_tests::{pseudo_random, rel_err};
 
     fn weights() -> GdnWeights {

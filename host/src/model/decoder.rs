@@ -16,7 +16,7 @@ use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::gguf::Gguf;
 use crate::model::hf_dir::HfDir;
 use crate::model::llama::{read_vector, Attention, KvCache, Mlp};
-use crate::model::qwen35::{GatedDeltaNet, GdnState};
+use crate::model::qwen35::{GatedDeltaNet, GdnState, GdnWeights};
 use crate::model::source::{RawTensor, TensorSource};
 use crate::ops::embedding::embedding_forward;
 use crate::ops::rmsnorm::{rmsnorm_forward, NormWeight};
@@ -240,12 +240,7 @@ fn load_layer(
             in_proj_b: proj("in_proj_b")?,
             in_proj_a: proj("in_proj_a")?,
             out_proj: proj("out_proj")?,
-            conv_weight: tensor("conv1d.weight")?,
-            dt_bias: tensor("dt_bias")?,
-            a_log: tensor("A_log")?,
-            norm_weight: tensor("linear_attn.norm.weight")?,
-            dims: cfg.gdn.expect("GDN layers have a GDN config"),
-            eps: cfg.rms_norm_eps,
+            weights: Arc::new(GdnWeights::read(&tensor, cfg.gdn.expect("GDN layers have a GDN config"), cfg.rms_norm_eps)?),
         }),
     };
     Ok(Layer {

@@ -14,7 +14,7 @@ use crate::Result;
 use std::sync::Arc;
 
 /// transformers' `l2norm` epsilon (fixed, not `rms_norm_eps`).
-const L2NORM_EPS: f32 = 1e-6;
+pub const L2NORM_EPS: f32 = 1e-6;
 
 /// What a Gated DeltaNet layer carries from one piece of a sequence to the next.
 #[derive(Clone, Debug)]
@@ -35,6 +35,47 @@ impl GdnState {
     }
 }
 
+/// The frozen non-projection weights of one Gated DeltaNet layer: one
+/// struct for inference ([`GatedDeltaNet`]) and training
+/// (`autograd::gdn_node`).
+#[derive(Clone, Debug)]
+pub struct GdnWeights {
+    /// Depthwise conv `[conv_dim, K]` (the checkpoint's `[conv_dim, 1, K]`).
+    pub conv_weight: Vec<f32>,
+    /// `[n_v_head]`.
+    pub dt_bias: Vec<f32>,
+    /// `[n_v_head]`.
+    pub a_log: Vec<f32>,
+    /// Gated RMSNorm weight `[v_dim]` (plain `w` convention).
+    pub norm_weight: Vec<f32>,
+    /// Sizes.
+    pub dims: GdnConfig,
+    /// Gated RMSNorm epsilon (`rms_norm_eps`).
+    pub eps: f32,
+}
+
+impl GdnWeights {
+    /// Reads the layer's tensors through `tensor`, which maps a name suffix
+    /// (`conv1d.weight`, `dt_bias`, `A_log`, `linear_attn.norm.weight`) to
+    /// that tensor of the layer.
+    pub fn read(tensor: &dyn Fn(&str) -> Result<Vec<f32>>, dims: GdnConfig, eps: f32) -> Result<Self> {
+        Ok(GdnWeights {
+            conv_weight: tensor("conv1d.weight")?,
+            dt_bias: tensor("dt_bias")?,
+            a_log: tensor("A_log")?,
+            norm_weight: tensor("linear_attn.norm.weight")?,
+            dims,
+            eps,
+        })
+    }
+
+    /// Head geometry of the delta rule.
+    pub fn delta_dims(&self) -> DeltaDims {
+        let d = self.dims;
+        DeltaDims { n_k_head: d.n_k_head, n_v_head: d.n_v_head, k_dim: d.k_dim, v_dim: d.v_dim }
+    }
+}
+
 /// One Gated DeltaNet token mixer.
 pub struct GatedDeltaNet {
     /// `[2 * key_dim + value_dim, hidden]`.
@@ -47,24 +88,15 @@ pub struct GatedDeltaNet {
     pub in_proj_a: Arc<dyn Projection>,
     /// `[hidden, value_dim]`.
     pub out_proj: Arc<dyn Projection>,
-    /// Depthwise conv weight `[conv_dim, K]`.
-    pub conv_weight: Vec<f32>,
-    /// `[n_v_head]`.
-    pub dt_bias: Vec<f32>,
-    /// `[n_v_head]`.
-    pub a_log: Vec<f32>,
-    /// Gated RMSNorm weight `[v_dim]` (plain `w` convention).
-    pub norm_weight: Vec<f32>,
-    /// Sizes.
-    pub dims: GdnConfig,
-    /// RMSNorm epsilon of the gated norm.
-    pub eps: f32,
+    /// Conv, gates, gated norm.
+    pub weights: Arc<GdnWeights>,
 }
 
 impl GatedDeltaNet {
     /// `x: [tokens, hidden] -> [tokens, hidden]`, continuing from `state`.
     pub fn forward(&self, x: &[f32], tokens: usize, state: &mut GdnState) -> Result<Vec<f32>> {
-        let d = self.dims;
+        let w = &*self.weights;
+        let d = w.dims;
         let (key_dim, conv_dim) = (d.key_dim(), d.conv_dim());
         let qkv = project(&*self.in_proj_qkv, x, tokens)?;
         let z = project(&*self.in_proj_z, x, tokens)?;
@@ -72,7 +104,7 @@ impl GatedDeltaNet {
         let a = project(&*self.in_proj_a, x, tokens)?;
 
         let mut conv = vec![0.0; qkv.len()];
-        conv1d_causal_forward(&mut conv, &qkv, &state.conv, &self.conv_weight, conv_dim);
+        conv1d_causal_forward(&mut conv, &qkv, &state.conv, &w.conv_weight, conv_dim);
         state.conv = conv1d_next_history(&state.conv, &qkv, conv_dim);
         let mut mixed = vec![0.0; conv.len()];
         silu_forward(&mut mixed, &conv);
@@ -90,15 +122,14 @@ impl GatedDeltaNet {
         l2norm_forward(&mut k, &mut rnorm, &k_raw, d.k_dim, L2NORM_EPS);
 
         let (mut g, mut beta) = (vec![0.0; a.len()], vec![0.0; b.len()]);
-        gdn_gates_forward(&mut g, &mut beta, &a, &b, &self.a_log, &self.dt_bias);
+        gdn_gates_forward(&mut g, &mut beta, &a, &b, &w.a_log, &w.dt_bias);
 
         let mut o = vec![0.0; v.len()];
-        let dd = DeltaDims { n_k_head: d.n_k_head, n_v_head: d.n_v_head, k_dim: d.k_dim, v_dim: d.v_dim };
-        delta_rule_forward(&mut o, &mut state.recurrent, &q, &k, &v, &g, &beta, dd);
+        delta_rule_forward(&mut o, &mut state.recurrent, &q, &k, &v, &g, &beta, w.delta_dims());
 
         let mut normed = vec![0.0; o.len()];
         let mut rstd = vec![0.0; tokens * d.n_v_head];
-        gated_rmsnorm_forward(&mut normed, &mut rstd, &o, &z, &self.norm_weight, self.eps);
+        gated_rmsnorm_forward(&mut normed, &mut rstd, &o, &z, &w.norm_weight, w.eps);
         project(&*self.out_proj, &normed, tokens)
     }
 }
