@@ -42,6 +42,7 @@ fn job_on(model: &Path, targets: &str, data: &Path, out: &Path, transport: &str,
     c.arg("--model").arg(model).arg("--data").arg(data).arg("--out").arg(out);
     c.arg("--powercap-root").arg(sys.join("powercap")).arg("--power-supply-root").arg(sys.join("power_supply"));
     c.arg("--battery-temp").arg(sys.join("battery_temp")).arg("--pacing-poll").arg("0.02");
+    c.arg("--plan-cache").arg(sys.join("plan-cache"));
     c
 }
 
@@ -88,6 +89,34 @@ fn two_runs_are_bit_identical_on_the_cpu_and_on_the_in_process_service() {
         assert!(log.contains("resident weights") && log.contains("all FP16"), "{log}");
         assert_eq!(std::fs::read_to_string(a.join("runtime.jsonl")).unwrap().lines().count(), 8);
     }
+}
+
+#[test]
+fn a_second_run_takes_its_routes_from_the_plan_cache_and_a_corrupt_cache_is_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
+    let run = |name: &str| {
+        let out = dir.path().join(name);
+        let log = run_ok(job(&data, &out, "in-process", 2, dir.path()));
+        (out.clone(), log, std::fs::read_to_string(out.join("routes.json")).unwrap())
+    };
+    let (a, first, routes_a) = run("a");
+    assert!(!first.contains("from the plan cache"), "{first}");
+    let (b, second, routes_b) = run("b");
+    // Every projection of the fixture is routed (2 layers x 7), not only the targets.
+    assert!(second.contains("14 projections from the plan cache"), "{second}");
+    assert_eq!(routes_a, routes_b);
+    assert_same_run(&a, &b);
+
+    std::fs::write(dir.path().join("plan-cache/plan-cache.json"), b"{ not json").unwrap();
+    let (_, third, routes_c) = run("c");
+    assert!(third.contains("plan cache") && third.contains("unreadable"), "{third}");
+    assert!(!third.contains("from the plan cache"), "{third}");
+    assert_eq!(routes_a, routes_c);
+    let (_, fourth, _) = run("d");
+    assert!(fourth.contains("14 projections from the plan cache"), "the rebuilt cache is used: {fourth}");
 }
 
 #[test]

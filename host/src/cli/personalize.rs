@@ -9,6 +9,7 @@ use crate::optim::adamw::AdamWConfig;
 use crate::optim::schedule::{Decay, Schedule};
 use crate::runtime::energy::{EnergyMeter, EnergyRoots, Sampler};
 use crate::runtime::pacing::{Pacer, PacingConfig, ThermalSource};
+use crate::runtime::plan_cache::{self, PlanCache};
 use crate::runtime::planner::Buckets;
 use crate::runtime::routed::SplitCounters;
 use crate::runtime::signals::StopRequest;
@@ -47,6 +48,14 @@ pub struct Args {
     /// Token buckets the planner validates (token counts are padded up).
     #[arg(long, default_value = "32,64,128,256,512")]
     buckets: String,
+    /// Where validated routes are remembered between runs (default
+    /// `$XDG_CACHE_HOME/hexlora` or `~/.cache/hexlora`). A cached
+    /// projection is still canary-probed at the smallest bucket.
+    #[arg(long)]
+    plan_cache: Option<PathBuf>,
+    /// Probe every route and leave the plan cache alone.
+    #[arg(long)]
+    no_plan_cache: bool,
     /// Optimizer steps (default: one epoch).
     #[arg(long)]
     steps: Option<u64>,
@@ -186,7 +195,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::install()?;
     let buckets = Arc::new(Buckets::parse(&args.buckets)?);
     let (side, policy) = side_for(&args)?;
-    let split = load_split(&args.model, &side, buckets, args.no_fuse)?;
+    let cache = match (args.no_plan_cache, args.plan_cache.clone().or_else(plan_cache::default_dir)) {
+        (false, Some(dir)) => PlanCache::open(&dir),
+        _ => PlanCache::disabled(),
+    };
+    let split = load_split(&args.model, &side, buckets, args.no_fuse, &cache)?;
     split.state.set_synchronous(args.no_overlap);
     let model = &*split.graph;
     print!("{}", resident_table(&model.projections(), &policy));
@@ -195,7 +208,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("resident on the {} service: FP16 {:.2} MB, Q8_0 {:.2} MB", client.kind(), r.f16 as f64 / 1e6, r.q8_0 as f64 / 1e6);
     }
     let worst = split.routes.worst_error().map_or(String::new(), |e| format!(", worst probe error {e:.2e}"));
-    println!("planner: {} (load + probes {:.1} s{worst})", split.routes.summary(), split.plan_seconds);
+    let cached = if cache.hits() > 0 { format!(", {} projections from the plan cache", cache.hits()) } else { String::new() };
+    println!("planner: {} (load + probes {:.1} s{worst}{cached})", split.routes.summary(), split.plan_seconds);
     std::fs::create_dir_all(&args.out)?;
     split.routes.write(&args.out)?;
 

@@ -7,6 +7,7 @@
 //! so the NPU client (any transport) and the CPU path are interchangeable.
 pub mod energy;
 pub mod pacing;
+pub mod plan_cache;
 pub mod planner;
 pub mod routed;
 pub mod signals;

@@ -14,7 +14,8 @@
 //!   5.5e-3, worst 1.85e-2.
 //! A route above its tolerance is a kernel or data-path fault, not noise,
 //! and stays on the CPU.
-use super::planner::{cpu_only, plan_projection, Buckets, RouteTable};
+use super::plan_cache::{plan_with_cache, projection_key, PlanCache};
+use super::planner::{cpu_only, Buckets, RouteTable};
 use super::routed::{RoutedProjection, SplitState};
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::cpu_projection::CpuProjection;
@@ -81,7 +82,7 @@ pub fn open_source(path: &Path) -> Result<(Box<dyn TensorSource>, ModelConfig)> 
 
 /// One routed projection: the CPU side always (the fallback and the probe
 /// reference), the DSP side when the client takes the weight.
-fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets: &Arc<Buckets>, state: &Arc<SplitState>, table: &Mutex<RouteTable>) -> Result<Arc<dyn Projection>> {
+fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets: &Arc<Buckets>, state: &Arc<SplitState>, table: &Mutex<RouteTable>, cache: &PlanCache) -> Result<Arc<dyn Projection>> {
     let cpu: Arc<dyn Projection> = Arc::new(CpuProjection::from_raw(info.clone(), raw)?);
     let (dsp, routes) = match side {
         DspSide::Cpu => (None, cpu_only(&info.name, buckets, "cpu transport")),
@@ -89,7 +90,9 @@ fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets:
             let precision = policy.for_kind(info.kind);
             match client.load_weight(info.clone(), raw, precision) {
                 Ok(dsp) => {
-                    let routes = plan_projection(&*dsp, &*cpu, buckets, tolerance(precision));
+                    let service = format!("{} {:?}", client.kind(), client.capabilities());
+                    let key = projection_key(&service, &info, raw, precision, tolerance(precision), buckets);
+                    let routes = plan_with_cache(cache, key, &*dsp, &*cpu, buckets, tolerance(precision));
                     (Some(dsp), routes)
                 }
                 Err(e) => (None, cpu_only(&info.name, buckets, &format!("load ({precision}): {e}"))),
@@ -104,13 +107,15 @@ fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets:
 /// Loads `path` for training with every per-layer projection routed.
 /// `unfused` records each adapted product and its LoRA branch as two nodes
 /// (Llama/Qwen3; the step-time table's baseline) instead of the fused node
-/// that overlaps the branch with the DSP request.
-pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>, unfused: bool) -> Result<SplitModel> {
+/// that overlaps the branch with the DSP request. Routes validated by an
+/// earlier run come from `cache` after a canary probe; the cache is saved
+/// before returning.
+pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache) -> Result<SplitModel> {
     let start = Instant::now();
     let (src, cfg) = open_source(path)?;
     let state = Arc::new(SplitState::default());
     let table = Mutex::new(RouteTable::default());
-    let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table);
+    let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table, cache);
     let graph: Box<dyn TrainableModel> = match cfg.arch {
         Arch::Qwen35 => {
             if unfused {
@@ -125,6 +130,7 @@ pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>, unfused: b
         }
     };
     let routes = table.into_inner().expect("not poisoned");
+    cache.save();
     Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })
 }
 
