@@ -6,7 +6,7 @@ use crate::eval::lamp::read_lamp_dir;
 use crate::hyper::commit::HyperState;
 use crate::hyper::heldout::HeldOutSet;
 use crate::hyper::users::{load_users, split_users, UserRecord};
-use crate::hyper::{HeadVariant, HyperConfig, HyperNet};
+use crate::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
 use crate::lora::Adapter;
 use crate::optim::adamw::AdamWConfig;
 use crate::optim::schedule::Decay;
@@ -113,6 +113,10 @@ pub struct Args {
     /// Commit the run every N steps (a commit is 3x the network: weights and Adam moments).
     #[arg(long, default_value_t = 1)]
     commit_every: u64,
+    /// Store the final hypernet/ weights as f16 (half the size; synthesis
+    /// changes within the bound tested in tests/hyper_weights_dtype.rs).
+    #[arg(long, value_enum, default_value_t = WeightsDtype::F32)]
+    weights_dtype: WeightsDtype,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -185,6 +189,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let (Some(a), Some(b)) = (first(stage), last(stage)) {
             println!("{name} loss: first {a:.4} last {b:.4}");
         }
+    }
+    if args.weights_dtype != WeightsDtype::F32 && state.step == total {
+        state.net.save_as(&args.out.join("hypernet"), args.weights_dtype)?;
     }
     let secs: f64 = state.history.iter().map(|r| r.seconds).sum();
     println!("{} steps in {secs:.1} s; hypernetwork in {}", state.step, args.out.join("hypernet").display());

@@ -25,4 +25,4 @@ pub mod trainer;
 pub mod users;
 
 pub use config::{HeadVariant, HyperConfig};
-pub use hypernet::HyperNet;
+pub use hypernet::{HyperNet, WeightsDtype};
