@@ -131,6 +131,31 @@ fn qwen35_gguf_matches_its_hf_directory_and_transformers() {
     assert!(vs_torch < 1e-4, "GGUF load differs from transformers in f64 by {vs_torch:.2e}");
 }
 
+/// The fixture GGUF with one u32 metadata value replaced.
+fn qwen35_gguf_with(key: &str, value: u32) -> Vec<u8> {
+    let mut bytes = std::fs::read(fixture("tiny-qwen35-gguf").join("model.gguf")).unwrap();
+    let at = bytes.windows(key.len()).position(|w| w == key.as_bytes()).unwrap() + key.len();
+    assert_eq!(&bytes[at..at + 4], &4u32.to_le_bytes(), "{key} is a u32");
+    bytes[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn qwen35_gguf_metadata_that_contradicts_the_tensors_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let cases = [
+        ("qwen35.ssm.time_step_rank", 3, "do not describe whole heads"),
+        ("qwen35.ssm.time_step_rank", 2, "6 rows, but the ssm metadata implies 2"),
+        ("qwen35.full_attention_interval", 0, "full_attention_interval 0"),
+    ];
+    for (key, value, want) in cases {
+        std::fs::write(&path, qwen35_gguf_with(key, value)).unwrap();
+        let err = Model::open(&path).err().unwrap().to_string();
+        assert!(err.contains(want), "{key} = {value}: {err}");
+    }
+}
+
 #[test]
 fn greedy_generation_matches_transformers() {
     for name in ["tiny-llama", "tiny-qwen3", "tiny-qwen35"] {

@@ -117,7 +117,7 @@ impl Heads {
         let n_v_head = g.get_u32(&key("time_step_rank"))? as usize;
         let k_dim = g.get_u32(&key("state_size"))? as usize;
         let inner = g.get_u32(&key("inner_size"))? as usize;
-        if n_k_head == 0 || n_v_head == 0 || k_dim == 0 || n_v_head % n_k_head != 0 || inner % n_v_head != 0 {
+        if n_k_head == 0 || n_v_head == 0 || k_dim == 0 || !n_v_head.is_multiple_of(n_k_head) || !inner.is_multiple_of(n_v_head) {
             return Err(Error::invalid(
                 "GGUF metadata",
                 format!("{arch}.ssm: group_count {n_k_head}, time_step_rank {n_v_head}, state_size {k_dim}, inner_size {inner} do not describe whole heads"),
