@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Training throughput: LoRA r16 on all 7 projections of SmolLM2-135M, batch 1,
-# seq 256, for hexlora and for PyTorch + PEFT (float32 and bfloat16; the best
-# counts) in the same run on the same number of threads. Prints tokens/s and
-# peak RSS of each, hexlora's per-node time table, and finally
+# seq 256, for hexlora (frozen weights f32 and bf16; bf16 counts) and for
+# PyTorch + PEFT (float32 and bfloat16; the best counts) in the same run on
+# the same number of threads. Prints tokens/s and peak RSS of each, hexlora's
+# per-node time tables, and finally
 #   train tok/s ratio hexlora/pytorch: X
 # Env: THREADS (2), STEPS (6), PYTHON (/work/venv/bin/python), MODEL.
 set -euo pipefail
@@ -21,10 +22,16 @@ trap 'rm -rf "$tmp"' EXIT
 awk -v n="$STEPS" 'BEGIN { srand(7); for (i = 0; i < n; i++) { printf "{\"input_ids\": ["
   for (t = 0; t < 256; t++) printf "%s%d", (t ? "," : ""), int(rand() * 49000) + 100; print "]}" } }' > "$tmp/data.jsonl"
 
-echo "== hexlora ($THREADS threads)"
-RAYON_NUM_THREADS=$THREADS "$BIN" train --model "$MODEL" --data "$tmp/data.jsonl" --out "$tmp/run" \
-  --steps "$STEPS" --rank 16 --alpha 32 --dropout 0 --max-len 256 --lr 2e-4 --quiet --profile | tee "$tmp/hex.txt"
-hex=$(awk '/^train tok\/s:/ { print $3 }' "$tmp/hex.txt")
+# hexlora with bf16 frozen weights (AMX tiles where the CPU has them) is the
+# figure compared; the f32 run is printed next to it.
+for dtype in f32 bf16; do
+  echo "== hexlora frozen $dtype ($THREADS threads)"
+  RAYON_NUM_THREADS=$THREADS "$BIN" train --model "$MODEL" --data "$tmp/data.jsonl" --out "$tmp/run-$dtype" \
+    --steps "$STEPS" --rank 16 --alpha 32 --dropout 0 --max-len 256 --lr 2e-4 --quiet --profile \
+    --frozen-dtype "$dtype" | tee "$tmp/hex-$dtype.txt"
+done
+hex=$(awk '/^train tok\/s:/ { print $3 }' "$tmp/hex-bf16.txt")
+echo "hexlora train tok/s: f32 $(awk '/^train tok\/s:/ { print $3 }' "$tmp/hex-f32.txt"), bf16 $hex"
 
 best=""
 if "$PY" -c 'import torch, peft, transformers' 2>/dev/null; then

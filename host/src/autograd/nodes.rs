@@ -82,6 +82,21 @@ impl NodeKind {
         }
     }
 
+    /// Whether the backward reads input `i`'s value (a value no backward
+    /// reads may be dropped once no forward needs it: [`Tape::forget`]).
+    pub(crate) fn reads_input(&self, i: usize) -> bool {
+        match self {
+            NodeKind::LoraAdd { .. } => i != 0,
+            NodeKind::Add | NodeKind::Rope { .. } | NodeKind::HeadLoss { .. } => false,
+            _ => true,
+        }
+    }
+
+    /// Whether the backward reads the node's own output.
+    pub(crate) fn reads_output(&self) -> bool {
+        matches!(self, NodeKind::Attention { .. } | NodeKind::Qwen35(_))
+    }
+
     /// Gradients of the inputs given `dout`; `None` where not `wanted`.
     pub(crate) fn backward(
         &self,
@@ -499,5 +514,42 @@ mod tests {
         let b = tape.param(Tensor::zeros(&[5, 2]));
         let err = tape.projection_lora(x, &proj, a, b, 1.0, None).unwrap_err().to_string();
         assert!(err.contains("LoRA B of p"), "{err}");
+    }
+
+    /// `forget` drops a projection output that only an add reads, keeps
+    /// values a backward reads (attention's inputs and output, leaves), and
+    /// leaves the gradients bit-identical.
+    #[test]
+    fn forget_drops_only_values_no_backward_reads() {
+        let info = ProjectionInfo { name: "p".into(), kind: ProjectionKind::Attention, out_features: 4, in_features: 4 };
+        let proj: Arc<dyn Projection> = Arc::new(CpuProjection::new(info.clone(), values(16, 0.31)).unwrap());
+        let head: Arc<dyn Projection> = Arc::new(CpuProjection::new(ProjectionInfo { out_features: 5, ..info }, values(20, 0.7)).unwrap());
+        let run = |forget: bool| {
+            let mut tape = Tape::new();
+            let x = tape.param(Tensor::from_vec(&[3, 4], values(12, 0.9)).unwrap());
+            let p = tape.projection(x, &proj).unwrap();
+            let dims = AttnDims { q_len: 3, kv_len: 3, n_head: 2, n_kv_head: 2, head_dim: 2, causal: true };
+            let kv = tape.projection(x, &proj).unwrap();
+            let a = tape.attention(p, kv, kv, dims, 0.5).unwrap();
+            let s = tape.add(a, p).unwrap();
+            if forget {
+                assert!(!tape.forget(x), "a leaf");
+                assert!(!tape.forget(p), "attention reads its query");
+                assert!(!tape.forget(a), "attention reads its output");
+                let q = tape.projection(s, &proj).unwrap();
+                let t = tape.add(q, s).unwrap();
+                assert!(tape.forget(q), "only an add reads it");
+                assert!(tape.value(q).is_empty());
+                let loss = tape.head_loss(t, &head, &[1, 4, 0], 3.0, 2, None).unwrap();
+                tape.backward(loss).unwrap();
+            } else {
+                let q = tape.projection(s, &proj).unwrap();
+                let t = tape.add(q, s).unwrap();
+                let loss = tape.head_loss(t, &head, &[1, 4, 0], 3.0, 2, None).unwrap();
+                tape.backward(loss).unwrap();
+            }
+            tape.grad(x).unwrap().data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        assert_eq!(run(true), run(false));
     }
 }

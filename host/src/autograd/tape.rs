@@ -80,6 +80,29 @@ impl Tape {
         self.grads[v.0].take()
     }
 
+    /// Drops the value of `v`, a node output that no later forward reads
+    /// (the caller's promise), when no recorded backward reads it either;
+    /// returns whether it was dropped. Activation memory: e.g. q before
+    /// RoPE or a residual branch after its add are read by no backward.
+    pub fn forget(&mut self, v: Var) -> bool {
+        let mut produced = false;
+        for n in &self.nodes {
+            if n.output == v {
+                produced = true;
+                if n.kind.reads_output() {
+                    return false;
+                }
+            }
+            if n.inputs.iter().enumerate().any(|(i, &x)| x == v && n.kind.reads_input(i)) {
+                return false;
+            }
+        }
+        if produced {
+            self.values[v.0] = Tensor { shape: vec![0], data: Vec::new() };
+        }
+        produced
+    }
+
     /// Number of recorded nodes.
     pub fn node_count(&self) -> usize {
         self.nodes.len()

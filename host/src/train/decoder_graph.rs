@@ -281,17 +281,24 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
             q = tape.rms_norm(q, qn, shared.norm, eps)?;
             k = tape.rms_norm(k, kn, shared.norm, eps)?;
         }
+        let (q_lin, k_lin) = (q, k);
         let q = tape.rope(q, &positions, cfg.n_head, cfg.head_dim, &shared.inv_freq)?;
         let k = tape.rope(k, &positions, cfg.n_kv_head, cfg.head_dim, &shared.inv_freq)?;
+        // Read by no backward (RoPE's rotates dY back): activation memory.
+        tape.forget(q_lin);
+        tape.forget(k_lin);
         let dims = AttnDims { q_len: seq, kv_len: seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, causal };
         let a = tape.attention(q, k, v, dims, 1.0 / (cfg.head_dim as f32).sqrt())?;
         let o = lin(tape, 3, a)?;
         let x1 = tape.add(x, o)?;
+        tape.forget(o);
         let h2 = tape.rms_norm(x1, &layer.post_norm, shared.norm, eps)?;
         let (g, u) = (lin(tape, 4, h2)?, lin(tape, 5, h2)?);
         let m = tape.swiglu(g, u)?;
         let d = lin(tape, 6, m)?;
-        tape.add(x1, d)
+        let y = tape.add(x1, d)?;
+        tape.forget(d);
+        Ok(y)
     })
 }
 

@@ -100,8 +100,14 @@ pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: u
         for kb in 0..kp / TK {
             for half in 0..2 {
                 let tile = &mut panel[(2 * kb + half) * TILE_U16..][..TILE_U16];
+                let o0 = n0 + TM * half;
+                if o0 + TM <= n && TK * (kb + 1) <= k {
+                    // SAFETY: AMX CPUs have AVX-512; the tile lies inside `w`.
+                    unsafe { pairs_transposed(tile, &w[o0 * k + TK * kb..], k) };
+                    continue;
+                }
                 for c in 0..TM {
-                    let o = n0 + TM * half + c;
+                    let o = o0 + c;
                     let row = if o < n { &w[o * k..(o + 1) * k] } else { &[][..] };
                     for r in 0..TM {
                         let p = TK * kb + 2 * r;
@@ -125,6 +131,11 @@ pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], 
             for half in 0..2 {
                 let tile = &mut panel[(2 * kb + half) * TILE_U16..][..TILE_U16];
                 let c0 = n0 + TM * half;
+                if c0 + TM <= cols && TK * (kb + 1) <= rows {
+                    // SAFETY: AMX CPUs have AVX-512; the tile lies inside `w`.
+                    unsafe { rows_interleaved(tile, &w[TK * kb * cols + c0..], cols) };
+                    continue;
+                }
                 let width = cols.saturating_sub(c0).min(TM);
                 for r in 0..TM {
                     let dst = &mut tile[r * TK..(r + 1) * TK];
@@ -140,6 +151,40 @@ pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], 
         }
     };
     product(out, &a, (tokens, mp, kp), cols, &prep);
+}
+
+/// A whole forward B tile: `tile[r][c]` (as u32 pairs) = pair `r` of row
+/// `c` of `w` (16 rows of 32 bf16 from `w[0]`, row stride `k`).
+///
+/// # Safety
+/// AVX-512 available; `w` holds 15 * k + 32 values.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pairs_transposed(tile: &mut [u16], w: &[u16], k: usize) {
+    assert!(tile.len() == TILE_U16 && w.len() >= (TM - 1) * k + TK);
+    let (dst, src) = (tile.as_mut_ptr().cast::<u32>(), w.as_ptr());
+    for c in 0..TM {
+        for r in 0..TM {
+            // SAFETY: bounds asserted above; pairs read unaligned.
+            unsafe { *dst.add(r * TM + c) = src.add(c * k + 2 * r).cast::<u32>().read_unaligned() };
+        }
+    }
+}
+
+/// A whole input-gradient B tile: row `r` interleaves rows `2r` and
+/// `2r + 1` of `w` (16 values each from `w[0]`, row stride `cols`).
+///
+/// # Safety
+/// AVX-512 available; `w` holds 31 * cols + 16 values.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn rows_interleaved(tile: &mut [u16], w: &[u16], cols: usize) {
+    assert!(tile.len() == TILE_U16 && w.len() >= (TK - 1) * cols + TM);
+    for (r, dst) in tile.chunks_exact_mut(TK).enumerate() {
+        let (a, b) = (&w[2 * r * cols..][..TM], &w[(2 * r + 1) * cols..][..TM]);
+        for c in 0..TM {
+            dst[2 * c] = a[c];
+            dst[2 * c + 1] = b[c];
+        }
+    }
 }
 
 /// `out[m, n] = A B` with `a: [mp, kp]` padded bf16 and the B tiles of the
