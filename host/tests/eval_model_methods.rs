@@ -69,3 +69,21 @@ fn example_cuts_the_prompt_from_the_left_and_keeps_the_answer() {
     assert_eq!(&b.input_ids[0][40 - answer.len()..], &answer[..]);
     assert_eq!(b.target_count(), answer.len());
 }
+
+#[test]
+fn generate_samples_equal_one_generate_per_seed() {
+    let Some(m) = model() else { return };
+    let prompt = m.prompt_ids(&[Message::new("user", "Write a subject line for a mail about the budget meeting.")]).unwrap();
+    let ad = adapter(&m);
+    for (adapter, t) in [(None, 0.0f32), (None, 0.7), (Some(&ad), 1.0)] {
+        m.set_adapter(adapter).unwrap();
+        let seeds = [1u64, 2, 3];
+        let got = m.generate_samples(&prompt, t, &seeds, 10).unwrap();
+        let want: Vec<String> = seeds.iter().map(|&s| m.generate(&prompt, t, s, 10).unwrap()).collect();
+        assert_eq!(got, want, "T={t}, lora {}", adapter.is_some());
+        if t > 0.5 {
+            assert!(want.iter().any(|w| w != &want[0]), "seeds must give different samples at T={t}: {want:?}");
+        }
+    }
+    assert!(m.generate_samples(&[], 0.0, &[1], 4).is_err());
+}

@@ -87,6 +87,10 @@ struct ModelArgs {
     /// Per-user steps (one profile example each), for user-lora and mezo.
     #[arg(long, default_value_t = 8)]
     user_steps: u64,
+    /// Per-user steps as this many epochs over each user's profile
+    /// (overrides --user-steps; 0 = use --user-steps).
+    #[arg(long, default_value_t = 0)]
+    user_epochs: u64,
     /// Peak learning rate of per-user backprop.
     #[arg(long, default_value_t = 5e-4)]
     user_lr: f32,
@@ -139,7 +143,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         work_dir: m.work_dir.clone().unwrap_or_else(|| args.out.join(format!("train-{task}"))),
         common_adapter: m.common_adapter.clone(),
     };
-    Ok(Box::new(model_methods::by_name(name, model, cfg).expect("name checked above")))
+    Ok(Box::new(model_methods::by_name(name, model, cfg).expect("name checked above").with_user_epochs(m.user_epochs)))
 }
 
 fn load(args: &Args, split: &str) -> anyhow::Result<Split> {

@@ -22,7 +22,7 @@ use crate::optim::mezo::Mezo;
 use crate::optim::schedule::{Decay, Schedule};
 use crate::train::commit::TrainState;
 use crate::train::grad::evaluate;
-use crate::train::graph::Batch;
+use crate::train::graph::{Batch, TrainableModel};
 use crate::train::trainer::{example_index, fingerprint, train, RunOptions, TrainConfig};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -102,7 +102,13 @@ pub struct ModelMethod {
     /// Label log-likelihoods of the current user's queries, reused across
     /// a sweep's decodings (same adapter, same prompt).
     scored: HashMap<String, Vec<f64>>,
+    /// Per-user steps as epochs over the user's profile (0: `cfg.user.steps`).
+    user_epochs: u64,
 }
+
+/// At most this many train examples are held out to measure the common
+/// LoRA's loss before and after training.
+const HELD_OUT: usize = 32;
 
 /// The method called `name`, or `None` if it is not a model-backed method.
 pub fn by_name(name: &str, model: Arc<EvalModel>, cfg: ModelMethodConfig) -> Option<ModelMethod> {
@@ -114,7 +120,23 @@ pub fn by_name(name: &str, model: Arc<EvalModel>, cfg: ModelMethodConfig) -> Opt
         "mezo" => MethodKind::Mezo,
         _ => return None,
     };
-    Some(ModelMethod { kind, model, cfg, common: None, user: None, rouge: Rouge::new(), scored: HashMap::new() })
+    Some(ModelMethod { kind, model, cfg, common: None, user: None, rouge: Rouge::new(), scored: HashMap::new(), user_epochs: 0 })
+}
+
+/// Every `n / HELD_OUT`-th example (at least every 2nd) taken out of
+/// `data`: (training examples, held-out examples). Deterministic, spread
+/// over all train users rather than the last few.
+fn hold_out(data: Vec<Batch>) -> (Vec<Batch>, Vec<Batch>) {
+    let stride = (data.len() / HELD_OUT).max(2);
+    let (mut train, mut held) = (Vec::new(), Vec::new());
+    for (i, b) in data.into_iter().enumerate() {
+        if i % stride == stride - 1 && held.len() < HELD_OUT {
+            held.push(b);
+        } else {
+            train.push(b);
+        }
+    }
+    (train, held)
 }
 
 /// The question prompt a bundled benchmark builds from an item's input
@@ -141,9 +163,10 @@ pub fn answer(model: &EvalModel, spec: &TaskSpec, query: &Query, messages: &[Mes
     let prompt = model.prompt_ids(messages)?;
     match &spec.kind {
         TaskKind::Classification { labels } => Ok(classify(labels, &model.answer_logprobs(&prompt, labels)?, query, decoding)),
-        TaskKind::Generation => (0..decoding.samples)
-            .map(|i| model.generate(&prompt, decoding.temperature, decoding.sample_seed(&query.id, i), decoding.max_new_tokens))
-            .collect(),
+        TaskKind::Generation => {
+            let seeds: Vec<u64> = (0..decoding.samples).map(|i| decoding.sample_seed(&query.id, i)).collect();
+            model.generate_samples(&prompt, decoding.temperature, &seeds, decoding.max_new_tokens)
+        }
     }
 }
 
@@ -173,6 +196,21 @@ fn pick(logp: &[f64], t: f32, seed: u64) -> usize {
 }
 
 impl ModelMethod {
+    /// Per-user training (user-lora and mezo) takes `epochs` passes over
+    /// each user's profile instead of a fixed `cfg.user.steps` (0 = fixed).
+    pub fn with_user_epochs(mut self, epochs: u64) -> Self {
+        self.user_epochs = epochs;
+        self
+    }
+
+    /// The per-user budget for a profile of `n` examples.
+    fn user_budget(&self, n: usize) -> Budget {
+        match self.user_epochs {
+            0 => self.cfg.user,
+            e => Budget { steps: e * n as u64, lr: self.cfg.user.lr },
+        }
+    }
+
     fn lora_config(&self) -> LoraConfig {
         LoraConfig {
             r: self.cfg.rank,
@@ -261,14 +299,14 @@ impl ModelMethod {
     }
 
     /// MeZO from the common LoRA over the same example stream as backprop.
-    fn mezo(&self, data: &[Batch], seed: u64) -> Result<(Adapter, UserPrep)> {
+    fn mezo(&self, data: &[Batch], steps: u64, seed: u64) -> Result<(Adapter, UserPrep)> {
         let start = Instant::now();
         let mut adapter = self.common_adapter()?.clone();
         let mut params: Vec<_> = adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
         let opt = Mezo { eps: self.cfg.mezo_eps, weight_decay: 0.0 };
-        let schedule = Schedule { lr: self.cfg.mezo_lr, warmup: 0, total: self.cfg.user.steps, decay: Decay::Cosine };
+        let schedule = Schedule { lr: self.cfg.mezo_lr, warmup: 0, total: steps, decay: Decay::Cosine };
         let mut prep = UserPrep::default();
-        for step in 0..self.cfg.user.steps {
+        for step in 0..steps {
             let batch = &data[example_index(seed, step, data.len())];
             let template = adapter.clone();
             let loss = |p: &[crate::tensor::Tensor]| {
@@ -306,6 +344,16 @@ impl ModelMethod {
     }
 }
 
+/// `held_out.json` next to the common LoRA's metrics: mean token loss of
+/// the held-out train examples under the base model and the trained LoRA.
+fn write_held_out(dir: &std::path::Path, trained_on: usize, held: usize, before: f32, after: f32) -> Result<()> {
+    let v = serde_json::json!({ "trained_on": trained_on, "held_out": held, "loss_base": before, "loss_common_lora": after });
+    let path = dir.join("held_out.json");
+    std::fs::write(&path, v.to_string()).map_err(|e| Error::io(&path, e))?;
+    eprintln!("common LoRA held-out loss ({held} examples): base {before:.4} -> trained {after:.4}");
+    Ok(())
+}
+
 impl Method for ModelMethod {
     fn name(&self) -> String {
         match self.kind {
@@ -318,7 +366,11 @@ impl Method for ModelMethod {
     }
 
     fn config(&self) -> serde_json::Value {
-        serde_json::to_value(&self.cfg).unwrap_or_default()
+        let mut v = serde_json::to_value(&self.cfg).unwrap_or_default();
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("user_epochs".into(), self.user_epochs.into());
+        }
+        v
     }
 
     fn prepare_population(&mut self, train: &Split) -> Result<()> {
@@ -343,8 +395,14 @@ impl Method for ModelMethod {
         if data.is_empty() {
             return Err(Error::invalid("train split", "no examples to train the common LoRA on"));
         }
+        let (data, held) = hold_out(data);
         let dir = self.cfg.work_dir.join("common-lora");
+        // A fresh PEFT adapter has B = 0: its loss is the base model's.
+        let fresh = Adapter::init(self.lora_config(), &self.model.graph.projections(), 0)?;
+        let before = evaluate(&self.model.graph, &fresh, &held)?;
         let (adapter, _) = self.train_into(&data, self.cfg.common, self.cfg.seed, None, &dir)?;
+        let after = evaluate(&self.model.graph, &adapter, &held)?;
+        write_held_out(&dir, data.len(), held.len(), before, after)?;
         self.common = Some(adapter);
         Ok(())
     }
@@ -364,9 +422,9 @@ impl Method for ModelMethod {
         let (adapter, prep) = match self.kind {
             MethodKind::UserLora => {
                 let common = self.common_adapter()?.clone();
-                self.train_into(&data, self.cfg.user, seed, Some(&common), &self.user_dir(user))?
+                self.train_into(&data, self.user_budget(data.len()), seed, Some(&common), &self.user_dir(user))?
             }
-            _ => self.mezo(&data, seed)?,
+            _ => self.mezo(&data, self.user_budget(data.len()).steps, seed)?,
         };
         self.user = Some(adapter);
         Ok(prep)
@@ -391,7 +449,23 @@ impl Method for ModelMethod {
 
 #[cfg(test)]
 mod tests {
-    use super::pick;
+    use super::{hold_out, pick, HELD_OUT};
+    use crate::train::graph::Batch;
+
+    #[test]
+    fn hold_out_keeps_every_example_once_and_caps_the_held_set() {
+        for n in [0usize, 1, 3, 10, 64, 65, 1000] {
+            let data: Vec<Batch> = (0..n).map(|i| Batch { input_ids: vec![vec![i as u32]], labels: vec![vec![i as i64]] }).collect();
+            let (train, held) = hold_out(data);
+            assert!(held.len() <= HELD_OUT && held.len() <= n / 2, "n={n}: {} held", held.len());
+            let mut seen: Vec<u32> = train.iter().chain(&held).map(|b| b.input_ids[0][0]).collect();
+            seen.sort();
+            assert_eq!(seen, (0..n as u32).collect::<Vec<_>>());
+            if n >= 2 * HELD_OUT {
+                assert_eq!(held.len(), HELD_OUT, "n={n}");
+            }
+        }
+    }
 
     #[test]
     fn pick_is_argmax_at_zero_and_follows_softmax_above() {
