@@ -152,7 +152,9 @@ fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: 
     let picks: Vec<&Batch> = (0..accum as u64).map(|j| &data[example_index(state.seed, state.cursor + j, data.len())]).collect();
     let denom = picks.iter().map(|b| b.target_count()).sum::<usize>().max(1) as f32;
     let opts = GraphOptions { loss_denominator: Some(denom), ..opts.clone() };
-    let mut grads: Vec<Tensor> = state.adapter.modules.iter().flat_map(|m| [Tensor::zeros(&m.a.shape), Tensor::zeros(&m.b.shape)]).collect();
+    // Summed micro-batch gradients, allocated only after a backward (not
+    // resident next to the activations at the peak).
+    let mut sums: Vec<Option<Tensor>> = (0..2 * state.adapter.modules.len()).map(|_| None).collect();
     let (mut loss, mut tokens) = (0f32, 0u64);
     for (j, batch) in picks.iter().enumerate() {
         let mut tape = Tape::new();
@@ -163,12 +165,20 @@ fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: 
         tape.backward(l)?;
         loss += tape.value(l).data[0];
         tokens += batch.input_ids.iter().map(|r| r.len() as u64).sum::<u64>();
-        for (g, v) in grads.iter_mut().zip(order.iter().flat_map(|&(a, b)| [a, b])) {
-            if let Some(d) = tape.grad(v) {
-                g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d);
+        for (g, v) in sums.iter_mut().zip(order.iter().flat_map(|&(a, b)| [a, b])) {
+            match (g.as_mut(), tape.take_grad(v)) {
+                (Some(g), Some(d)) => g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d),
+                // 0 + d, as summing into zeros did (turns -0.0 into +0.0)
+                (None, Some(mut d)) => {
+                    d.data.iter_mut().for_each(|v| *v += 0.0);
+                    *g = Some(d);
+                }
+                (_, None) => {}
             }
         }
     }
+    let shapes = state.adapter.modules.iter().flat_map(|m| [&m.a.shape, &m.b.shape]);
+    let mut grads: Vec<Tensor> = sums.into_iter().zip(shapes).map(|(g, shape)| g.unwrap_or_else(|| Tensor::zeros(shape))).collect();
     if !loss.is_finite() || grads.iter().any(|g| g.data.iter().any(|v| !v.is_finite())) {
         return Err(Error::NonFinite(format!("loss or gradients at step {}", state.step() + 1)));
     }
