@@ -232,4 +232,40 @@ mod tests {
             }
         }
     }
+
+    /// Longer causal sequences (with and without a cache) and a
+    /// bidirectional call: the forward against f64, and the
+    /// backward's directional derivatives `<dq, e> + <dk, f> + <dv, g>`
+    /// against central differences of the f64 forward's `<out, dout>`.
+    #[test]
+    fn long_sequences_match_f64_forward_and_directional_derivatives() {
+        for (q_len, kv_len, causal) in [(150, 150, true), (70, 100, true), (80, 80, false)] {
+            let d = AttnDims { q_len, kv_len, n_head: 2, n_kv_head: 1, head_dim: 4, causal };
+            let wave = |n: usize, k: f32, a: f32| (0..n).map(|i| (i as f32 * k).sin() * a).collect::<Vec<f32>>();
+            let (q, k, v) = (wave(q_len * 8, 0.61, 1.0), wave(kv_len * 4, 0.23, 1.0), wave(kv_len * 4, 0.11, 2.0));
+            let mut out = vec![0.0; q.len()];
+            let mut lse = vec![0.0; q_len * 2];
+            attention_forward(&mut out, &mut lse, &q, &k, &v, d, 0.35);
+            for (g, w) in out.iter().zip(&reference(&q, &k, &v, d, 0.35)) {
+                assert!((*g as f64 - w).abs() < 1e-5, "{q_len}/{kv_len}/{causal}: {g} vs {w}");
+            }
+            if q_len != kv_len {
+                continue; // the backward serves training (no cache)
+            }
+            let dout = wave(q.len(), 0.37, 1.0);
+            let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+            attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, d, 0.35);
+            let (e, f, g) = (wave(q.len(), 0.77, 1.0), wave(k.len(), 0.19, 1.0), wave(v.len(), 0.53, 1.0));
+            let objective = |t: f32| {
+                let shift = |x: &[f32], dir: &[f32]| x.iter().zip(dir).map(|(a, b)| a + t * b).collect::<Vec<f32>>();
+                let o = reference(&shift(&q, &e), &shift(&k, &f), &shift(&v, &g), d, 0.35);
+                o.iter().zip(&dout).map(|(o, w)| o * *w as f64).sum::<f64>()
+            };
+            let h = 1e-2;
+            let numeric = (objective(h as f32) - objective(-h as f32)) / (2.0 * h);
+            let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>();
+            let analytic = dot(&dq, &e) + dot(&dk, &f) + dot(&dv, &g);
+            assert!((analytic - numeric).abs() < 1e-3 * (1.0 + numeric.abs()), "{causal}: {analytic} vs {numeric}");
+        }
+    }
 }
