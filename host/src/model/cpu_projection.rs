@@ -54,13 +54,7 @@ impl CpuProjection {
 
     /// Dequantizes a checkpoint tensor whose shape must be `[out, in]`.
     pub fn from_raw(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Self> {
-        if raw.shape != [info.out_features, info.in_features] {
-            return Err(Error::Shape {
-                what: raw.name.clone(),
-                expected: vec![info.out_features, info.in_features],
-                got: raw.shape.clone(),
-            });
-        }
+        check_raw_shape(&info, raw)?;
         Self::new(info, raw.to_f32()?)
     }
 
@@ -69,6 +63,14 @@ impl CpuProjection {
         let n_in = self.info.in_features;
         &self.table[self.first_row * n_in..(self.first_row + self.info.out_features) * n_in]
     }
+}
+
+/// A checkpoint tensor must be the projection's `[out, in]`.
+fn check_raw_shape(info: &ProjectionInfo, raw: &RawTensor<'_>) -> Result<()> {
+    if raw.shape != [info.out_features, info.in_features] {
+        return Err(Error::Shape { what: raw.name.clone(), expected: vec![info.out_features, info.in_features], got: raw.shape.clone() });
+    }
+    Ok(())
 }
 
 impl Projection for CpuProjection {
@@ -135,13 +137,7 @@ impl Bf16Projection {
 
     /// Dequantizes a checkpoint tensor `[out, in]` and keeps only its bf16 rounding.
     pub fn from_raw(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Self> {
-        if raw.shape != [info.out_features, info.in_features] {
-            return Err(Error::Shape {
-                what: raw.name.clone(),
-                expected: vec![info.out_features, info.in_features],
-                got: raw.shape.clone(),
-            });
-        }
+        check_raw_shape(&info, raw)?;
         Self::from_f32(info, &raw.to_f32()?)
     }
 
