@@ -7,7 +7,7 @@ use crate::lora::Adapter;
 use crate::model::chat::{ChatTemplate, Message};
 use crate::model::config::ModelConfig;
 use crate::model::decoder::{cpu_projection, Model};
-use crate::model::generate::{choose, generate, Sampling};
+use crate::model::generate::{decode, generate, prefill, Sampling};
 use crate::model::gguf::Gguf;
 use crate::model::hf_dir::HfDir;
 use crate::model::source::{RawTensor, TensorSource};
@@ -16,8 +16,6 @@ use crate::projection::{Projection, ProjectionInfo};
 use crate::train::decoder_graph::DecoderGraph;
 use crate::train::graph::Batch;
 use crate::{Error, Result};
-use rand_chacha::rand_core::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
@@ -129,34 +127,14 @@ impl EvalModel {
     /// seed, max_new)`, but the prompt is run once and its state forked per
     /// sample (10 samples at T > 0 would otherwise prefill it 10 times).
     pub fn generate_samples(&self, prompt: &[u32], temperature: f32, seeds: &[u64], max_new: usize) -> Result<Vec<String>> {
-        if prompt.is_empty() {
-            return Err(Error::invalid("prompt", "no tokens"));
-        }
-        let mut state = self.model.new_state();
-        let hidden = self.model.forward(prompt, &mut state)?;
-        let h = self.model.config.hidden_size;
-        let first = self.model.logits(&hidden[hidden.len() - h..]);
+        let (state, first) = prefill(&self.model, prompt)?;
         seeds
             .iter()
             .map(|&seed| {
                 let sampling = Sampling { temperature, top_p: 1.0, seed };
                 sampling.validate()?;
-                let mut rng = ChaCha8Rng::seed_from_u64(seed);
-                let (mut fork, mut logits) = (state.clone(), first.clone());
-                let mut out = Vec::with_capacity(max_new);
-                while out.len() < max_new {
-                    if logits.iter().any(|x| !x.is_finite()) {
-                        return Err(Error::NonFinite(format!("logits after {} generated tokens", out.len())));
-                    }
-                    let next = choose(&mut logits, &sampling, &mut rng);
-                    out.push(next);
-                    if self.stop.contains(&next) || out.len() == max_new {
-                        break;
-                    }
-                    let hidden = self.model.forward(&[next], &mut fork)?;
-                    logits = self.model.logits(&hidden);
-                }
-                Ok(self.tokenizer.decode(&out, true)?.trim().to_string())
+                let ids = decode(&self.model, &mut state.clone(), first.clone(), max_new, &sampling, &self.stop, |_| {})?;
+                Ok(self.tokenizer.decode(&ids, true)?.trim().to_string())
             })
             .collect()
     }
@@ -165,10 +143,7 @@ impl EvalModel {
     /// once and its state forked per answer. Summed over the answer's tokens,
     /// so it is the probability of generating exactly that answer and stopping.
     pub fn answer_logprobs(&self, prompt: &[u32], answers: &[String]) -> Result<Vec<f64>> {
-        let mut state = self.model.new_state();
-        let hidden = self.model.forward(prompt, &mut state)?;
-        let h = self.model.config.hidden_size;
-        let first = self.model.logits(&hidden[hidden.len() - h..]);
+        let (state, first) = prefill(&self.model, prompt)?;
         answers
             .iter()
             .map(|a| {

@@ -5,7 +5,7 @@
 //! Sampling: greedy at temperature 0; otherwise logits / T, nucleus (top-p)
 //! filtering, and a draw from a seeded ChaCha8 stream, so a seed reproduces
 //! a run exactly.
-use crate::model::decoder::Model;
+use crate::model::decoder::{DecodeState, Model};
 use crate::ops::softmax::softmax_rows;
 use crate::{Error, Result};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -49,17 +49,40 @@ pub fn generate(
     max_new: usize,
     sampling: &Sampling,
     stop: &[u32],
-    mut on_token: impl FnMut(u32),
+    on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
     sampling.validate()?;
+    let (mut state, logits) = prefill(model, prompt)?;
+    decode(model, &mut state, logits, max_new, sampling, stop, on_token)
+}
+
+/// Runs `prompt` through a fresh state: the state after it and the logits
+/// of its last position. Callers that sample several answers (or score
+/// several continuations) from one prompt clone both instead of re-running it.
+pub fn prefill(model: &Model, prompt: &[u32]) -> Result<(DecodeState, Vec<f32>)> {
     if prompt.is_empty() {
         return Err(Error::invalid("prompt", "no tokens"));
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
     let mut state = model.new_state();
     let hidden = model.forward(prompt, &mut state)?;
     let h = model.config.hidden_size;
-    let mut logits = model.logits(&hidden[hidden.len() - h..]);
+    let logits = model.logits(&hidden[hidden.len() - h..]);
+    Ok((state, logits))
+}
+
+/// Continues from `state` whose next-token logits are `logits` (as
+/// [`prefill`] leaves them): up to `max_new` tokens, stopping after any
+/// token in `stop`. `sampling` must be valid ([`Sampling::validate`]).
+pub fn decode(
+    model: &Model,
+    state: &mut DecodeState,
+    mut logits: Vec<f32>,
+    max_new: usize,
+    sampling: &Sampling,
+    stop: &[u32],
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
     let mut out = Vec::with_capacity(max_new);
     while out.len() < max_new {
         if logits.iter().any(|x| !x.is_finite()) {
@@ -71,7 +94,7 @@ pub fn generate(
         if stop.contains(&next) || out.len() == max_new {
             break;
         }
-        let hidden = model.forward(&[next], &mut state)?;
+        let hidden = model.forward(&[next], state)?;
         logits = model.logits(&hidden);
     }
     Ok(out)
