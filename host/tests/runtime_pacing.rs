@@ -9,6 +9,15 @@ fn config(battery: &Path, thermal: ThermalSource) -> PacingConfig {
     PacingConfig { battery_temp: Some(battery.to_path_buf()), thermal, poll: Duration::from_millis(5), ..PacingConfig::default() }
 }
 
+/// Replaces a fake source's content in one step, as a sysfs node reads: a
+/// plain `fs::write` truncates first, and the pacer polling in between would
+/// read an empty file as "unknown" and resume early (a CI failure once).
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// Writes `steps` (battery tenths, status file text) to the fake sources
 /// `gap` apart, on another thread.
 fn play(battery: &Path, status: &Path, steps: Vec<(&'static str, &'static str)>, gap: Duration) -> std::thread::JoinHandle<()> {
@@ -16,8 +25,8 @@ fn play(battery: &Path, status: &Path, steps: Vec<(&'static str, &'static str)>,
     std::thread::spawn(move || {
         for (b, s) in steps {
             std::thread::sleep(gap);
-            std::fs::write(&battery, b).unwrap();
-            std::fs::write(&status, s).unwrap();
+            replace(&battery, b);
+            replace(&status, s);
         }
     })
 }
@@ -63,7 +72,7 @@ fn thermal_status_from_a_command_pauses_at_two_and_resumes_at_one() {
     let command = ThermalSource::Command(format!("cat '{}'", status.display()));
     let mut pacer = Pacer::new(config(&battery, command));
     assert_eq!(pacer.wait_until_cool(1, &|| false), 0.0, "status 1 does not pause");
-    std::fs::write(&status, "Thermal Status: 2\n").unwrap();
+    replace(&status, "Thermal Status: 2\n");
     let reading = pacer.read();
     assert!(pacer.hot(&reading));
     let writer = play(&battery, &status, vec![("300", "Thermal Status: 2\n"), ("300", "Thermal Status: 1\n")], Duration::from_millis(100));
