@@ -129,16 +129,33 @@ fn a_thermal_pause_changes_nothing_but_the_clock() {
     let cool = dir.path().join("cool");
     run_ok(job(&data, &cool, "cpu", 6, dir.path()));
     std::fs::write(&battery, "412").unwrap(); // 41.2 C: pause before step 1
+    // Cool the battery 400 ms after the job says it paused (not after it
+    // started: loading may take longer than that on a loaded machine), and by
+    // rename, so the pacer never polls a half-written file.
+    let hot = dir.path().join("hot");
+    let mut child = job(&data, &hot, "cpu", 6, dir.path()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
     let cooler = {
         let battery = battery.clone();
         std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(400));
-            std::fs::write(&battery, "375").unwrap();
+            use std::io::BufRead;
+            let mut log = String::new();
+            for line in std::io::BufReader::new(stderr).lines() {
+                let line = line.unwrap();
+                if line.contains("pausing before step") {
+                    std::thread::sleep(Duration::from_millis(400));
+                    std::fs::write(battery.with_extension("new"), "375").unwrap();
+                    std::fs::rename(battery.with_extension("new"), &battery).unwrap();
+                }
+                log += &line;
+                log.push('\n');
+            }
+            log
         })
     };
-    let hot = dir.path().join("hot");
-    let log = run_ok(job(&data, &hot, "cpu", 6, dir.path()));
-    cooler.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stdout).into_owned() + &cooler.join().unwrap();
+    assert!(out.status.success(), "{log}");
     assert!(log.contains("pausing before step 1 (thermal status unknown, battery 41.2 C)"), "{log}");
     assert!(log.contains("(1 pauses)"), "{log}");
     let first: serde_json::Value = serde_json::from_str(std::fs::read_to_string(hot.join("runtime.jsonl")).unwrap().lines().next().unwrap()).unwrap();
