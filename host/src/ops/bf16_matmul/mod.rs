@@ -9,10 +9,10 @@
 //! - [`Kernel::Amx`] (x86-64 with AMX-BF16, `amx.rs`): `TDPBF16PS` on 16x16
 //!   f32 tiles. Row-major W is neither an AMX `B` operand for the forward
 //!   (pairs along `in` per output) nor for the input gradient (pairs of rows
-//!   interleaved), so each call builds the `B` tiles of one 32-wide output
-//!   panel in a per-thread scratch (a few KB to 100 KB) and reuses them for
-//!   every token block: one copy of W in memory, two cheap tile layouts on
-//!   the fly.
+//!   interleaved), so each 32-wide output panel builds its `B` tiles in a
+//!   per-thread scratch (AVX-512 shuffles) and reuses them for every token
+//!   block: one copy of W in memory, two cheap tile layouts on the fly. The
+//!   activation is rounded once per call into tile order.
 //! - [`Kernel::Portable`] (`portable.rs`): any CPU; converts 64-row or
 //!   64-column panels of W to f32 and multiplies the bf16-rounded
 //!   activations with `matrixmultiply`.
@@ -25,6 +25,8 @@ use half::bf16;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 mod portable;
+#[cfg(test)]
+mod bench;
 
 /// A `[rows, cols]` matrix of bf16, row-major, no padding.
 pub struct Bf16Matrix {
@@ -160,16 +162,6 @@ pub fn round_bits(v: f32) -> u16 {
     } else {
         rounded
     }
-}
-
-/// `src: [rows, cols]` rounded to bf16 into a zeroed `[rows_p, cols_p]`
-/// buffer (the kernels pad to whole tiles).
-fn round_padded(src: &[f32], rows: usize, cols: usize, rows_p: usize, cols_p: usize) -> Vec<u16> {
-    let mut out = vec![0u16; rows_p * cols_p];
-    for (o, s) in out.chunks_exact_mut(cols_p).zip(src.chunks_exact(cols.max(1))).take(rows) {
-        o[..cols].iter_mut().zip(s).for_each(|(o, &v)| *o = round_bits(v));
-    }
-    out
 }
 
 /// bf16 bits to f32 (exact).

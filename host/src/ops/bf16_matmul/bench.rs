@@ -1,0 +1,119 @@
+//! Speed of both products on SmolLM2-135M's shapes, 256 tokens. Not a test
+//! of anything: an ignored test that prints GFLOP/s (best of several rounds;
+//! each round cycles through enough copies of the weight that it is not in
+//! L2, as in a training step). Run:
+//! `RAYON_NUM_THREADS=2 cargo test -p hexlora --release --lib bf16_matmul::bench -- --ignored --nocapture`
+use super::*;
+use std::time::Instant;
+
+/// `(out, in)` of the projections: q/o, k/v, gate/up, down.
+const SHAPES: [(usize, usize); 4] = [(576, 576), (192, 576), (1536, 576), (576, 1536)];
+const TOKENS: usize = 256;
+const ROUNDS: usize = 40;
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// Fastest single product over `ROUNDS` rounds of one product per copy
+/// (the machine is shared: the minimum is the least disturbed run).
+fn best_seconds(copies: &[Bf16Matrix], mut run: impl FnMut(Rows<'_>)) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..ROUNDS {
+        for m in copies {
+            let t = Instant::now();
+            run(Rows { matrix: m, first: 0, len: m.rows() });
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    best
+}
+
+#[test]
+#[ignore = "benchmark: prints GFLOP/s"]
+fn smollm2_shapes() {
+    let kernel = Kernel::detect();
+    println!("kernel {kernel:?}, {} rayon threads, {TOKENS} tokens", rayon::current_num_threads());
+    // seconds per shape and direction
+    let mut times = Vec::new();
+    for &(n, k) in &SHAPES {
+        // > 16 MB of weights per round
+        let copies: Vec<Bf16Matrix> = (0..(16 << 20) / (2 * n * k) + 1).map(|c| Bf16Matrix::from_f32(&values(n * k, c as u32 + 1), n, k)).collect();
+        let x = values(TOKENS * k, 99);
+        let dy = values(TOKENS * n, 98);
+        let (mut y, mut dx) = (vec![0f32; TOKENS * n], vec![0f32; TOKENS * k]);
+        let flop = 2.0 * (TOKENS * n * k) as f64;
+        let fwd = best_seconds(&copies, |w| forward(kernel, &mut y, &x, TOKENS, w));
+        let bwd = best_seconds(&copies, |w| input_grad(kernel, &mut dx, &dy, TOKENS, w));
+        times.push([fwd, bwd]);
+        println!(
+            "{TOKENS}x{k}->{n}: forward {:7.1} us {:6.0} GFLOP/s | input grad {:7.1} us {:6.0} GFLOP/s",
+            fwd * 1e6,
+            flop / fwd * 1e-9,
+            bwd * 1e6,
+            flop / bwd * 1e-9
+        );
+    }
+    // one layer: q, k, v, o, gate, up, down (SHAPES order: q/o, k/v, gate/up, down)
+    let layer = |d: usize| 2.0 * (times[0][d] + times[1][d] + times[2][d]) + times[3][d];
+    println!("one layer (q k v o gate up down): forward {:.0} us, input grad {:.0} us", layer(0) * 1e6, layer(1) * 1e6);
+}
+
+/// The tile loop alone on one thread with both operands in L1: the ceiling.
+#[test]
+#[ignore = "benchmark: prints GFLOP/s"]
+fn tile_loop_in_l1() {
+    if !amx_available() {
+        return;
+    }
+    for (kp, reps) in [(256, 20_000), (4096, 1250), (16384, 312)] {
+    println!("kp {kp}: A and B {} KB each", 2 * 16 * kp * 2 / 1024);
+    let a_buf = vec![0x3f80u16; 2 * 16 * kp + 64];
+    let p_buf = vec![0x3f80u16; 2 * 16 * kp + 64];
+    let aligned = |b: &'static [u16], off: usize| &b[(64 - (b.as_ptr() as usize % 64)) / 2 + off..];
+    let (a_buf, p_buf): (&'static [u16], &'static [u16]) = (a_buf.leak(), p_buf.leak());
+    for off in [0] {
+    println!("offset {} bytes from a 64-byte boundary", off * 2);
+    let (a, panel) = (aligned(a_buf, off), aligned(p_buf, off));
+    for (mode, what) in ["loads + products", "products only", "loads only"].iter().enumerate() {
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = Instant::now();
+            super::amx::tile_loop_for_bench(&a, &panel, kp, reps, mode as u32);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let flop = 2.0 * (32 * 32 * kp * reps) as f64;
+        println!("tile loop, operands in L1, {what}: {:.0} GFLOP/s per thread ({:.1} ns per step of 4 loads / 4 products)", flop / best * 1e-9, best / (reps * kp / 32) as f64 * 1e9);
+    }
+    }
+    }
+}
+
+/// Where one forward's time goes (one thread).
+#[test]
+#[ignore = "benchmark: prints times"]
+fn forward_parts() {
+    if !amx_available() {
+        return;
+    }
+    for &(n, k) in &SHAPES {
+        let copies: Vec<Bf16Matrix> = (0..(16 << 20) / (2 * n * k) + 1).map(|c| Bf16Matrix::from_f32(&values(n * k, c as u32 + 1), n, k)).collect();
+        let x = values(TOKENS * k, 99);
+        let mut best = [f64::INFINITY; 3];
+        for _ in 0..ROUNDS {
+            for m in &copies {
+                let t = super::amx::forward_parts_for_bench(&x, TOKENS, m.bits(), n, k);
+                best.iter_mut().zip(t).for_each(|(b, t)| *b = b.min(t));
+            }
+        }
+        println!("{TOKENS}x{k}->{n}: round {:.1} us, prep {:.1} us, whole forward {:.1} us", best[0] * 1e6, best[1] * 1e6, best[2] * 1e6);
+    }
+}
