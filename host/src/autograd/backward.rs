@@ -1,6 +1,6 @@
 //! The one reverse walk. Nodes were appended in execution order, so
 //! iterating them backwards visits every node after all its consumers.
-use super::tape::{Tape, Var};
+use super::tape::{Node, Tape, Var};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::ops::Not;
@@ -31,12 +31,17 @@ impl Tape {
             });
         }
         accumulate(&mut self.grads[out.0], grad);
-        let Tape { values, needs_grad, grads, nodes } = self;
-        for node in nodes.iter().rev() {
+        let Tape { values, needs_grad, grads, nodes, rebuild } = self;
+        for (at, node) in nodes.iter().enumerate().rev() {
+            if rebuild[node.output.0] == Some(at) {
+                // Its last reader has run: drop the rebuilt value again.
+                values[node.output.0].data = Vec::new();
+            }
             if !needs_grad[node.output.0] {
                 continue;
             }
             let Some(dout) = grads[node.output.0].take() else { continue };
+            rebuild_inputs(node, values, nodes, rebuild)?;
             let wanted: Vec<bool> = node.inputs.iter().map(|v| needs_grad[v.0]).collect();
             let inputs: Vec<&Tensor> = node.inputs.iter().map(|v| &values[v.0]).collect();
             let timer = matches!(node.kind, super::nodes::NodeKind::Segment { .. }).not().then(|| super::profile::timer(node.kind.name(), false));
@@ -55,6 +60,23 @@ impl Tape {
     pub fn zero_grads(&mut self) {
         self.grads.iter_mut().for_each(|g| *g = None);
     }
+}
+
+/// Rebuilds the inputs of `node` that [`Tape::forget_recomputable`] dropped
+/// and that `node`'s backward reads (once; later readers find them there).
+fn rebuild_inputs(node: &Node, values: &mut [Tensor], nodes: &[Node], rebuild: &[Option<usize>]) -> Result<()> {
+    for (i, v) in node.inputs.iter().enumerate() {
+        let Some(at) = rebuild[v.0] else { continue };
+        if !values[v.0].data.is_empty() || !node.kind.reads_input(i) {
+            continue;
+        }
+        let maker = &nodes[at];
+        let _timer = super::profile::timer(maker.kind.name(), false);
+        let inputs: Vec<&Tensor> = maker.inputs.iter().map(|u| &values[u.0]).collect();
+        let again = maker.kind.forward_again(&inputs).ok_or_else(|| Error::Unsupported(format!("rebuilding a {} output", maker.kind.name())))?;
+        values[v.0] = again;
+    }
+    Ok(())
 }
 
 /// `slot += grad` (or `slot = grad` when empty). The left-to-right order of

@@ -39,8 +39,9 @@ pub(crate) enum NodeKind {
     /// `Y = A + B`, same shapes. Inputs `[a, b]`.
     Add,
     /// RMSNorm over rows of `weight.len()` with a frozen weight. Inputs
-    /// `[x: [rows, dim]]`; saves `rstd: [rows]`.
-    RmsNorm { weight: Arc<Vec<f32>>, kind: NormWeight, rstd: Vec<f32> },
+    /// `[x: [rows, dim]]`; saves `rstd: [rows]` (and `eps`, so the output
+    /// can be rebuilt: [`Tape::forget_recomputable`]).
+    RmsNorm { weight: Arc<Vec<f32>>, kind: NormWeight, eps: f32, rstd: Vec<f32> },
     /// Rotary embedding of `x: [tokens, heads * head_dim]`, token `t` at
     /// `positions[t]`. Saves nothing (the backward rotates back).
     Rope { positions: Arc<Vec<usize>>, heads: usize, head_dim: usize, inv_freq: Arc<Vec<f32>> },
@@ -92,6 +93,32 @@ impl NodeKind {
         }
     }
 
+    /// Whether [`NodeKind::forward_again`] can rebuild the output.
+    pub(crate) fn rebuildable(&self) -> bool {
+        matches!(self, NodeKind::RmsNorm { .. } | NodeKind::SwiGlu)
+    }
+
+    /// The output computed again from `inputs`, bit-identical to the
+    /// forward's, for the kinds cheap enough to drop after the forward and
+    /// rebuild in the backward ([`Tape::forget_recomputable`]); `None` for
+    /// the others.
+    pub(crate) fn forward_again(&self, inputs: &[&Tensor]) -> Option<Tensor> {
+        match self {
+            NodeKind::RmsNorm { weight, kind, eps, rstd } => {
+                let mut y = Tensor::zeros(&inputs[0].shape);
+                let mut scratch = vec![0.0; rstd.len()];
+                rmsnorm_forward(&mut y.data, &mut scratch, &inputs[0].data, weight, *kind, *eps);
+                Some(y)
+            }
+            NodeKind::SwiGlu => {
+                let mut y = Tensor::zeros(&inputs[0].shape);
+                swiglu_forward(&mut y.data, &inputs[0].data, &inputs[1].data);
+                Some(y)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the backward reads the node's own output.
     pub(crate) fn reads_output(&self) -> bool {
         matches!(self, NodeKind::Attention { .. } | NodeKind::Qwen35(_))
@@ -132,7 +159,7 @@ impl NodeKind {
                 let [dx_lora, da, db] = lora.expect("side work runs exactly once");
                 Ok(vec![dx_lora, dx, da, db])
             }
-            NodeKind::RmsNorm { weight, kind, rstd } => {
+            NodeKind::RmsNorm { weight, kind, rstd, .. } => {
                 let mut dx = Tensor::zeros(&inputs[0].shape);
                 rmsnorm_backward(&mut dx.data, &dout.data, &inputs[0].data, weight, rstd, *kind);
                 Ok(vec![Some(dx)])
@@ -319,7 +346,7 @@ impl Tape {
         let mut y = Tensor::zeros(&xv.shape);
         let mut rstd = vec![0.0; xv.len() / weight.len()];
         rmsnorm_forward(&mut y.data, &mut rstd, &xv.data, weight, kind, eps);
-        Ok(self.push(NodeKind::RmsNorm { weight: weight.clone(), kind, rstd }, &[x], y))
+        Ok(self.push(NodeKind::RmsNorm { weight: weight.clone(), kind, eps, rstd }, &[x], y))
     }
 
     /// Rotary embedding of `x: [tokens, heads * head_dim]` at `positions`.
@@ -551,5 +578,44 @@ mod tests {
             tape.grad(x).unwrap().data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
         };
         assert_eq!(run(true), run(false));
+    }
+
+    /// `forget_recomputable` drops an RMSNorm output read by two fused
+    /// LoRA projections and a SwiGLU output read by a third; the backward
+    /// rebuilds them and every gradient stays bit-identical. Values whose
+    /// node cannot be rebuilt (a projection) are refused.
+    #[test]
+    fn recomputable_values_are_rebuilt_bit_identically() {
+        let info = ProjectionInfo { name: "p".into(), kind: ProjectionKind::Mlp, out_features: 4, in_features: 4 };
+        let proj: Arc<dyn Projection> = Arc::new(CpuProjection::new(info.clone(), values(16, 0.31)).unwrap());
+        let head: Arc<dyn Projection> = Arc::new(CpuProjection::new(ProjectionInfo { out_features: 5, ..info }, values(20, 0.7)).unwrap());
+        let norm = Arc::new(values(4, 0.2));
+        let run = |forget: bool| {
+            let mut tape = Tape::new();
+            let x = tape.param(Tensor::from_vec(&[3, 4], values(12, 0.9)).unwrap());
+            let ab: Vec<Var> = (0..6).map(|i| tape.param(Tensor::from_vec(&[2, 4], values(8, 0.4 + i as f32)).unwrap())).collect();
+            let bs: Vec<Var> = (0..3).map(|i| tape.param(Tensor::from_vec(&[4, 2], values(8, 1.3 + i as f32)).unwrap())).collect();
+            let h = tape.rms_norm(x, &norm, NormWeight::Plain, 1e-6).unwrap();
+            let g = tape.projection_lora(h, &proj, ab[0], bs[0], 0.5, None).unwrap();
+            let u = tape.projection_lora(h, &proj, ab[1], bs[1], 0.5, None).unwrap();
+            let m = tape.swiglu(g, u).unwrap();
+            let d = tape.projection_lora(m, &proj, ab[2], bs[2], 0.5, None).unwrap();
+            let before = tape.value_bytes();
+            if forget {
+                assert!(!tape.forget_recomputable(d), "a projection is not rebuilt");
+                assert!(tape.forget_recomputable(h) && tape.forget_recomputable(m));
+                assert!(tape.value(h).is_empty() && tape.value(m).is_empty());
+                assert_eq!(tape.value_bytes(), before - 4 * 24);
+            }
+            let loss = tape.head_loss(d, &head, &[1, 4, 0], 3.0, 2, None).unwrap();
+            tape.backward(loss).unwrap();
+            if forget {
+                assert!(tape.value(h).is_empty() && tape.value(m).is_empty(), "dropped again after the backward");
+            }
+            [x, ab[0], ab[1], ab[2], bs[0], bs[1], bs[2]].map(|v| tape.grad(v).unwrap().data.iter().map(|g| g.to_bits()).collect::<Vec<u32>>())
+        };
+        let want = run(false);
+        assert!(want.iter().all(|g| g.iter().any(|&b| b != 0)));
+        assert_eq!(run(true), want);
     }
 }

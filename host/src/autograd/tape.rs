@@ -24,6 +24,9 @@ pub struct Tape {
     pub(crate) needs_grad: Vec<bool>,
     pub(crate) grads: Vec<Option<Tensor>>,
     pub(crate) nodes: Vec<Node>,
+    /// Per value: the node that rebuilds it in the backward, when
+    /// [`Tape::forget_recomputable`] dropped it after the forward.
+    pub(crate) rebuild: Vec<Option<usize>>,
 }
 
 impl Tape {
@@ -36,6 +39,7 @@ impl Tape {
         self.values.push(value);
         self.needs_grad.push(needs_grad);
         self.grads.push(None);
+        self.rebuild.push(None);
         Var(self.values.len() - 1)
     }
 
@@ -101,6 +105,26 @@ impl Tape {
             self.values[v.0] = Tensor { shape: vec![0], data: Vec::new() };
         }
         produced
+    }
+
+    /// Drops the value of `v` although backwards read it, when its node is
+    /// cheap to run again (RMSNorm, SwiGLU) and that node's inputs are kept:
+    /// the backward rebuilds it, bit-identical, just before the first
+    /// backward that reads it and drops it again at its own node. Selective
+    /// recompute: e.g. the normed input of q/k/v or the SwiGLU output costs
+    /// a layer's worth of f32 activations and an elementwise pass to rebuild.
+    /// The caller promises no later forward reads `v`. Returns whether it
+    /// was dropped.
+    pub fn forget_recomputable(&mut self, v: Var) -> bool {
+        let Some(at) = self.nodes.iter().rposition(|n| n.output == v) else { return false };
+        let node = &self.nodes[at];
+        let kept = node.inputs.iter().all(|u| self.values[u.0].data.len() == self.values[u.0].shape.iter().product::<usize>());
+        if !kept || !node.kind.rebuildable() || self.rebuild[v.0].is_some() {
+            return false;
+        }
+        self.values[v.0].data = Vec::new();
+        self.rebuild[v.0] = Some(at);
+        true
     }
 
     /// Number of recorded nodes.

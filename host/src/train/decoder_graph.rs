@@ -277,6 +277,10 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
         };
         let h = tape.rms_norm(x, &layer.input_norm, shared.norm, eps)?;
         let (mut q, mut k, v) = (lin(tape, 0, h)?, lin(tape, 1, h)?, lin(tape, 2, h)?);
+        // The normed inputs and the SwiGLU output are read by the LoRA
+        // backwards but cost only an elementwise pass to rebuild there:
+        // a third less activation memory per layer.
+        tape.forget_recomputable(h);
         if let Some((qn, kn)) = &layer.qk_norm {
             q = tape.rms_norm(q, qn, shared.norm, eps)?;
             k = tape.rms_norm(k, kn, shared.norm, eps)?;
@@ -294,8 +298,10 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
         tape.forget(o);
         let h2 = tape.rms_norm(x1, &layer.post_norm, shared.norm, eps)?;
         let (g, u) = (lin(tape, 4, h2)?, lin(tape, 5, h2)?);
+        tape.forget_recomputable(h2);
         let m = tape.swiglu(g, u)?;
         let d = lin(tape, 6, m)?;
+        tape.forget_recomputable(m);
         let y = tape.add(x1, d)?;
         tape.forget(d);
         Ok(y)
@@ -313,7 +319,9 @@ impl TrainableModel for DecoderGraph {
 
     fn activation_bytes_per_token_layer(&self) -> usize {
         let c = &self.shared.cfg;
-        4 * (8 * c.hidden_size + 4 * c.intermediate_size + 2 * (c.n_head + 2 * c.n_kv_head) * c.head_dim)
+        // Kept to the backward: the layer input, attention output and
+        // residual sum (hidden each), gate and up, rotated q and k, and v.
+        4 * (3 * c.hidden_size + 2 * c.intermediate_size + (c.n_head + 2 * c.n_kv_head) * c.head_dim)
     }
 
     fn loss(&self, tape: &mut Tape, batch: &Batch, lora: &LoraVars, opts: &GraphOptions, logits: Option<&mut Vec<f32>>) -> Result<Var> {
