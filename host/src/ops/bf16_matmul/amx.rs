@@ -97,18 +97,20 @@ impl Drop for Tiles {
 /// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` row-major bits.
 pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
     // B[p][j] = W[j][p]: tile (kb, half) row r, pair c = W[n0 + 16 half + c][32 kb + 2r .. + 2]
-    let prep = |n0: usize, panel: &mut [u16]| {
+    let prep = |n0: usize, p0: usize, panel: &mut [u16]| {
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             for (half, tile) in tiles.chunks_exact_mut(TILE_U16).enumerate() {
                 // SAFETY: AMX CPUs have AVX-512; `pairs_transposed` clips to `w: [n, k]`.
-                unsafe { pairs_transposed(tile, w, (n, k), n0 + TM * half, TK * kb) };
+                unsafe { pairs_transposed(tile, w, (n, k), n0 + TM * half, p0 + TK * kb) };
             }
         }
     };
-    // the panel's rows of W are one contiguous run
-    let touch = |n0: usize, part: usize, parts: usize| {
-        let run = &w[n0 * k..n.min(n0 + 2 * TM) * k];
-        prefetch_lines(&run[run.len() * part / parts..run.len() * (part + 1) / parts]);
+    // the panel reads columns p0 .. p0 + width of rows n0 .. n0 + 32
+    let touch = |n0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
+        let end = n.min(n0 + 2 * TM);
+        for o in n0 + (end - n0) * part / parts..n0 + (end - n0) * (part + 1) / parts {
+            prefetch_lines(&w[o * k + p0..o * k + p0 + width]);
+        }
     };
     product(out, x, (tokens, k), n, &prep, &touch);
 }
@@ -116,15 +118,15 @@ pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: u
 /// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
 pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
     // B = W: tile (kb, half) row r, pair c = (W[32 kb + 2r][n0 + 16 half + c], W[32 kb + 2r + 1][..])
-    let prep = |n0: usize, panel: &mut [u16]| {
+    let prep = |n0: usize, p0: usize, panel: &mut [u16]| {
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             // SAFETY: AMX CPUs have AVX-512; `rows_interleaved` clips to `w: [rows, cols]`.
-            unsafe { rows_interleaved(tiles, w, (rows, cols), TK * kb, n0) };
+            unsafe { rows_interleaved(tiles, w, (rows, cols), p0 + TK * kb, n0) };
         }
     };
-    // the panel is a 32-column strip of every row of W
-    let touch = |c0: usize, part: usize, parts: usize| {
-        for o in rows * part / parts..rows * (part + 1) / parts {
+    // the panel is a 32-column strip of rows p0 .. p0 + width of W
+    let touch = |c0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
+        for o in p0 + width * part / parts..p0 + width * (part + 1) / parts {
             prefetch_lines(&w[o * cols + c0..o * cols + cols.min(c0 + 2 * TM)]);
         }
     };
@@ -279,35 +281,36 @@ thread_local! {
 /// `x: [m, k]` rounded to bf16 into `a` in the order [`block`] reads it:
 /// `[mp / 32][kp / 32][2 tiles of 16 rows x 32]`, zero padded. Every
 /// element is written, so `a` is reused between calls without clearing.
-fn round_blocked(a: &mut [u16], x: &[f32], (m, k): (usize, usize)) {
-    let kp = k.next_multiple_of(TK);
+fn round_blocked(a: &mut [u16], x: &[f32], (m, k): (usize, usize), (p0, width): (usize, usize)) {
+    let kp = width.next_multiple_of(TK);
     a.par_chunks_mut(2 * TM * kp).enumerate().for_each(|(mb, blk)| {
         let rows = m.saturating_sub(2 * TM * mb).min(2 * TM);
         // SAFETY: AMX CPUs have AVX-512.
-        unsafe { round_block(blk, &x[2 * TM * mb * k..(2 * TM * mb + rows) * k], k) };
+        unsafe { round_block(blk, &x[2 * TM * mb * k..(2 * TM * mb + rows) * k], k, (p0, width)) };
     });
 }
 
-/// One 32-row block of [`round_blocked`]: `x: [rows <= 32, k]` into
-/// `blk: [kp / 32][32 rows][32]`, rounded as [`super::round_bits`] does.
+/// One 32-row block of [`round_blocked`]: columns `p0 .. p0 + width` of
+/// `x: [rows <= 32, k]` into `blk: [kp / 32][32 rows][32]` (`kp` = width
+/// rounded up), rounded as [`super::round_bits`] does.
 ///
 /// # Safety
 /// AVX-512 F and BW available.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn round_block(blk: &mut [u16], x: &[f32], k: usize) {
+unsafe fn round_block(blk: &mut [u16], x: &[f32], k: usize, (p0, width): (usize, usize)) {
     use std::arch::x86_64::*;
-    let kp = k.next_multiple_of(TK);
-    assert!(blk.len() == 2 * TM * kp && x.len() <= 2 * TM * k);
+    let kp = width.next_multiple_of(TK);
+    assert!(blk.len() == 2 * TM * kp && x.len() <= 2 * TM * k && p0 + width <= k);
     let rows = x.len() / k.max(1);
     let dst = blk.as_mut_ptr();
     for i in 0..2 * TM {
         for p in (0..kp).step_by(TM) {
-            let len = if i < rows { k.saturating_sub(p).min(TM) } else { 0 };
+            let len = if i < rows { width.saturating_sub(p).min(TM) } else { 0 };
             let b = if len == 0 {
                 _mm512_setzero_si512()
             } else {
                 // SAFETY: lanes below `len` lie inside row i of `x`.
-                unsafe { _mm512_castps_si512(_mm512_maskz_loadu_ps(lanes(len) as u16, x.as_ptr().add(i * k + p))) }
+                unsafe { _mm512_castps_si512(_mm512_maskz_loadu_ps(lanes(len) as u16, x.as_ptr().add(i * k + p0 + p))) }
             };
             let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
             let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
@@ -321,14 +324,31 @@ unsafe fn round_block(blk: &mut [u16], x: &[f32], k: usize) {
     }
 }
 
+/// Reduction columns per pass of [`product`]: the rounded activation of
+/// one pass (`mp` rows) stays within ~768 KB, so that every panel reads it
+/// from L2 (measured: a 256x4096 activation, 2 MB, made the head's input
+/// gradient several times slower than the 256x1536 one).
+fn k_chunk(mp: usize) -> usize {
+    ((768 << 10) / (2 * mp)).max(TK) / TK * TK
+}
+
 /// `out[m, n] = bf16(x[m, k]) B` with the B tiles of the 32 columns from
-/// `n0` written by `prep(n0, panel)` (`[kp / 32][2]` tiles). Panels run in
-/// parallel; each writes only its own columns of `out`. While a panel is
-/// multiplied, `touch(n0 + 32, part, parts)` prefetches the weight the
-/// next panel's `prep` will read (rayon hands each thread a contiguous
-/// range of panels, so that is usually this thread's next one): `prep`
-/// then reads L2 instead of memory.
-fn product(out: &mut [f32], x: &[f32], (m, k): (usize, usize), n: usize, prep: &(dyn Fn(usize, &mut [u16]) + Sync), touch: &(dyn Fn(usize, usize, usize) + Sync)) {
+/// `n0` and reduction indices from `p0` written by `prep(n0, p0, panel)`
+/// (`[kp / 32][2]` tiles). The reduction runs in passes of [`k_chunk`]
+/// columns; passes after the first add to `out`, always in pass order.
+/// Panels run in parallel; each writes only its own columns of `out`, so
+/// every element is summed by one thread in a fixed order. While a panel
+/// is multiplied, `touch(n0 + 32, (p0, width), part, parts)` prefetches
+/// the weight the next panel's `prep` will read (rayon hands each thread a
+/// contiguous range of panels, so that is usually this thread's next one).
+fn product(
+    out: &mut [f32],
+    x: &[f32],
+    (m, k): (usize, usize),
+    n: usize,
+    prep: &(dyn Fn(usize, usize, &mut [u16]) + Sync),
+    touch: &(dyn Fn(usize, (usize, usize), usize, usize) + Sync),
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -336,37 +356,42 @@ fn product(out: &mut [f32], x: &[f32], (m, k): (usize, usize), n: usize, prep: &
         out.fill(0.0);
         return;
     }
-    let (mp, kp) = (m.next_multiple_of(2 * TM), k.next_multiple_of(TK));
+    let mp = m.next_multiple_of(2 * TM);
+    let kc = k_chunk(mp);
     let mut a_buf = ACTIVATION.take();
-    let a = a_buf.resized(mp * kp);
-    round_blocked(a, x, (m, k));
-    let a = &*a;
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    (0..n.div_ceil(2 * TM)).into_par_iter().for_each(|p| {
-        let out_ptr = out_ptr;
-        let n0 = p * 2 * TM;
-        prefetch_out(out_ptr.0, (m, n), 0, n0);
-        let mut panel_buf = PANEL.take();
-        let panel = panel_buf.resized(kp * 2 * TM);
-        prep(n0, panel);
-        let _tiles = Tiles::load();
-        let next = n0 + 2 * TM;
-        for m0 in (0..mp).step_by(2 * TM) {
-            if next < n {
-                touch(next, m0 / (2 * TM), mp / (2 * TM));
+    for p0 in (0..k).step_by(kc) {
+        let width = kc.min(k - p0);
+        let kp = width.next_multiple_of(TK);
+        let a = a_buf.resized(mp * kp);
+        round_blocked(a, x, (m, k), (p0, width));
+        let a = &*a;
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        (0..n.div_ceil(2 * TM)).into_par_iter().for_each(|p| {
+            let out_ptr = out_ptr;
+            let n0 = p * 2 * TM;
+            prefetch_out(out_ptr.0, (m, n), 0, n0);
+            let mut panel_buf = PANEL.take();
+            let panel = panel_buf.resized(kp * 2 * TM);
+            prep(n0, p0, panel);
+            let _tiles = Tiles::load();
+            let next = n0 + 2 * TM;
+            for m0 in (0..mp).step_by(2 * TM) {
+                if next < n {
+                    touch(next, (p0, width), m0 / (2 * TM), mp / (2 * TM));
+                }
+                prefetch_out(out_ptr.0, (m, n), m0 + 2 * TM, n0);
+                // SAFETY: `a` holds mp / 32 blocks of kp / 32 tile pairs and
+                // `panel` kp / 32 tile pairs; `store` writes only rows < m and
+                // columns n0 .. n0 + 32 (< n) of `out` ([m, n]), which no other
+                // panel writes.
+                unsafe {
+                    block(a.as_ptr().add(m0 * kp), kp, panel);
+                    store(out_ptr.0, (m, n), m0, n0, p0 > 0);
+                }
             }
-            prefetch_out(out_ptr.0, (m, n), m0 + 2 * TM, n0);
-            // SAFETY: `a` holds mp / 32 blocks of kp / 32 tile pairs and
-            // `panel` kp / 32 tile pairs; `store` writes only rows < m and
-            // columns n0 .. n0 + 32 (< n) of `out` ([m, n]), which no other
-            // panel writes.
-            unsafe {
-                block(a.as_ptr().add(m0 * kp), kp, panel);
-                store(out_ptr.0, (m, n), m0, n0);
-            }
-        }
-        PANEL.set(panel_buf);
-    });
+            PANEL.set(panel_buf);
+        });
+    }
     ACTIVATION.set(a_buf);
 }
 
@@ -403,7 +428,8 @@ unsafe fn block(a: *const u16, kp: usize, panel: &[u16]) {
 }
 
 /// Writes the 32x32 block in `tmm0..3` (rows `m0..`, columns `n0..`) into
-/// `out: [m, n]`, dropping the padding rows and columns. Each tile goes
+/// `out: [m, n]` (or adds it, with `add`), dropping the padding rows and
+/// columns. Each tile goes
 /// through an aligned scratch: `tilestored` straight into `out` (rows not
 /// line-aligned, lines not in cache) was measured slower than storing to
 /// L1 and copying rows with vector moves.
@@ -411,7 +437,7 @@ unsafe fn block(a: *const u16, kp: usize, panel: &[u16]) {
 /// # Safety
 /// Tiles hold a finished block; `out` is `[m, n]` and the caller owns
 /// columns `n0 .. min(n0 + 32, n)` of it.
-unsafe fn store(out: *mut f32, (m, n): (usize, usize), m0: usize, n0: usize) {
+unsafe fn store(out: *mut f32, (m, n): (usize, usize), m0: usize, n0: usize, add: bool) {
     #[repr(C, align(64))]
     struct Scratch([f32; TM * TM]);
     let mut s = Scratch([0.0; TM * TM]);
@@ -423,23 +449,30 @@ unsafe fn store(out: *mut f32, (m, n): (usize, usize), m0: usize, n0: usize) {
         let (rows, cols) = ((m - r0).min(TM), (n - c0).min(TM));
         unsafe {
             store_tile(t, s.0.as_mut_ptr(), TM * 4);
-            copy_rows(out.add(r0 * n + c0), n, &s.0, rows, cols);
+            copy_rows(out.add(r0 * n + c0), n, &s.0, (rows, cols), add);
         }
     }
 }
 
-/// `dst[r * stride + c] = tile[r][c]` for `r < rows`, `c < cols`, one
-/// masked vector store per row.
+/// `dst[r * stride + c] = tile[r][c]` (or `+=`, with `add`) for
+/// `r < rows`, `c < cols`, one masked vector store per row.
 ///
 /// # Safety
 /// AVX-512F available; `dst` has `rows` rows of `cols` f32 at `stride`.
 #[target_feature(enable = "avx512f")]
-unsafe fn copy_rows(dst: *mut f32, stride: usize, tile: &[f32; TM * TM], rows: usize, cols: usize) {
+unsafe fn copy_rows(dst: *mut f32, stride: usize, tile: &[f32; TM * TM], (rows, cols): (usize, usize), add: bool) {
     use std::arch::x86_64::*;
     let mask = lanes(cols) as u16;
     for r in 0..rows.min(TM) {
-        // SAFETY: the mask keeps the store inside row r of `dst`.
-        unsafe { _mm512_mask_storeu_ps(dst.add(r * stride), mask, _mm512_loadu_ps(tile.as_ptr().add(r * TM))) };
+        // SAFETY: the mask keeps the load and store inside row r of `dst`.
+        unsafe {
+            let d = dst.add(r * stride);
+            let mut v = _mm512_loadu_ps(tile.as_ptr().add(r * TM));
+            if add {
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, d), v);
+            }
+            _mm512_mask_storeu_ps(d, mask, v);
+        }
     }
 }
 
@@ -497,7 +530,7 @@ pub(super) fn forward_parts_for_bench(x: &[f32], tokens: usize, w: &[u16], n: us
     let mut a_buf = TileBuf::default();
     let a = a_buf.resized(mp * kp);
     let t = Instant::now();
-    round_blocked(a, x, (tokens, k));
+    round_blocked(a, x, (tokens, k), (0, k));
     let round = t.elapsed().as_secs_f64();
     let mut p_buf = TileBuf::default();
     let panel = p_buf.resized(kp * 2 * TM);

@@ -6,8 +6,9 @@
 use super::*;
 use std::time::Instant;
 
-/// `(out, in)` of the projections: q/o, k/v, gate/up, down.
-const SHAPES: [(usize, usize); 4] = [(576, 576), (192, 576), (1536, 576), (576, 1536)];
+/// `(out, in)` of the projections: q/o, k/v, gate/up, down, and a
+/// 4096-row slice of the vocabulary head.
+const SHAPES: [(usize, usize); 5] = [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)];
 const TOKENS: usize = 256;
 const ROUNDS: usize = 40;
 

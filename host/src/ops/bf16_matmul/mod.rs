@@ -225,7 +225,8 @@ mod tests {
     /// starts mid-table.
     #[test]
     fn both_directions_match_f64_of_bf16_operands() {
-        for &(out_f, in_f) in &[(40, 50), (19, 70), (33, 96), (64, 31), (100, 200)] {
+        // (40, 1700) and (1700, 40): a reduction longer than one AMX pass
+        for &(out_f, in_f) in &[(40, 50), (19, 70), (33, 96), (64, 31), (100, 200), (40, 1700), (1700, 40)] {
             let first = 3;
             let table = values((first + out_f + 5) * in_f, 0.37, 1.5);
             let m = Bf16Matrix::from_f32(&table, first + out_f + 5, in_f);
