@@ -163,22 +163,8 @@ fn chunk_forward_backward(
                     z.fill(0.0);
                     return 1.0;
                 }
-                if (lo..hi).contains(&t) {
-                    st.target_logit = z[(t - lo) as usize];
-                }
-                let max = z.iter().fold(st.max, |m, &v| m.max(v));
-                let shrink = if st.max == f32::NEG_INFINITY { 0.0 } else { (st.max - max).exp() };
-                let mut sum = 0.0f32;
-                for v in z.iter_mut() {
-                    *v = (*v - max).exp();
-                    sum += *v;
-                }
-                st.max = max;
-                st.sum = st.sum * shrink + sum;
-                if last && (lo..hi).contains(&t) {
-                    z[(t - lo) as usize] -= st.sum;
-                }
-                shrink
+                let target = (lo..hi).contains(&t).then(|| (t - lo) as usize);
+                fold_row(z, st, target, last)
             })
             .collect();
         if want_dx {
@@ -200,6 +186,51 @@ fn chunk_forward_backward(
         a.iter_mut().for_each(|v| *v *= k);
     });
     Ok((losses, Some(acc)))
+}
+
+/// Folds one row `z` of a slice's logits into `st`: leaves `z = exp(z - max)`
+/// with `max` the running max including this slice, and returns
+/// `exp(old max - max)`, the factor by which the row's earlier terms shrink.
+/// `target` is the target's index when it lies in this slice; in the last
+/// slice the final `S` is subtracted there (the one-hot term of the
+/// gradient). Max and sum run over 16 lanes so they vectorize (a fixed
+/// order: the same bits on every run and thread count).
+fn fold_row(z: &mut [f32], st: &mut RowStats, target: Option<usize>, last: bool) -> f32 {
+    if let Some(i) = target {
+        st.target_logit = z[i];
+    }
+    let max = lanes_max(z, st.max);
+    let shrink = if st.max == f32::NEG_INFINITY { 0.0 } else { (st.max - max).exp() };
+    z.iter_mut().for_each(|v| *v = (*v - max).exp());
+    st.max = max;
+    st.sum = st.sum * shrink + lanes_sum(z);
+    if let (Some(i), true) = (target, last) {
+        z[i] -= st.sum;
+    }
+    shrink
+}
+
+/// `max(init, v...)`, over 16 interleaved lanes (lane `j` takes elements
+/// `j, j + 16, ...`).
+fn lanes_max(v: &[f32], init: f32) -> f32 {
+    let mut acc = [init; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        acc.iter_mut().zip(c).for_each(|(a, &x)| *a = a.max(x));
+    }
+    acc.iter_mut().zip(chunks.remainder()).for_each(|(a, &x)| *a = a.max(x));
+    acc.iter().fold(init, |a, &b| a.max(b))
+}
+
+/// `sum v` over 16 interleaved lanes, then the lanes in order.
+fn lanes_sum(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        acc.iter_mut().zip(c).for_each(|(a, &x)| *a += x);
+    }
+    acc.iter_mut().zip(chunks.remainder()).for_each(|(a, &x)| *a += x);
+    acc.iter().sum()
 }
 
 /// `acc[r] -= S_r W[target_r]` for rows whose target lies before the last
@@ -293,5 +324,50 @@ mod tests {
         }
         let bad = head_forward_backward(&slices(&w, hidden, &[37]), &x, rows, &[0, 1, 2, 3, 37], 1.0, 2, false, None);
         assert!(bad.unwrap_err().to_string().contains("outside the vocabulary"));
+    }
+
+    /// Speed of the SmolLM2-135M head (tied 49152 x 576 bf16, 4096-wide
+    /// slices) over 256 rows, and of its 12 + 12 products alone. Not a test:
+    /// prints milliseconds. Run:
+    /// `RAYON_NUM_THREADS=2 cargo test -p hexlora --release --lib cross_entropy::tests::bench -- --ignored --nocapture`
+    #[test]
+    #[ignore = "benchmark: prints milliseconds"]
+    fn bench_smollm2_head() {
+        use crate::model::cpu_projection::Bf16Projection;
+        use crate::ops::bf16_matmul::Bf16Matrix;
+        use std::time::Instant;
+        let (vocab, hidden, rows) = (49152, 576, 256);
+        let w: Vec<f32> = (0..vocab * hidden).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4).collect();
+        let table = Arc::new(Bf16Matrix::from_f32(&w, vocab, hidden));
+        let x: Vec<f32> = (0..rows * hidden).map(|i| ((i * 31 % 97) as f32 - 48.0) * 0.05).collect();
+        let tg: Vec<i64> = (0..rows).map(|r| (r * 193 % vocab) as i64).collect();
+        let best = |f: &mut dyn FnMut()| {
+            (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        for width in [VOCAB_SLICE, 2048, 1024] {
+        let head: Vec<Arc<dyn Projection>> = (0..vocab / width)
+            .map(|i| {
+                let info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: width, in_features: hidden };
+                Arc::new(Bf16Projection::window(info, table.clone(), i * width).unwrap()) as Arc<dyn Projection>
+            })
+            .collect();
+        let whole = best(&mut || {
+            head_forward_backward(&head, &x, rows, &tg, rows as f32, 256, true, None).unwrap();
+        });
+        let (mut lg, mut dx) = (vec![0f32; rows * width], vec![0f32; rows * hidden]);
+        let products = best(&mut || {
+            for s in &head {
+                s.apply(Direction::Forward, &x, rows, &mut lg).unwrap();
+                s.apply(Direction::InputGrad, &lg, rows, &mut dx).unwrap();
+            }
+        });
+        println!("head {rows} rows, {width}-wide slices: forward+backward {whole:.1} ms, its {} + {} products alone {products:.1} ms", head.len(), head.len());
+        }
     }
 }
