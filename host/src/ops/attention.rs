@@ -8,8 +8,22 @@
 //!
 //! The forward saves the log-sum-exp of each softmax row (`lse`), which is
 //! all a flash-style backward needs to rebuild the probabilities.
-use crate::ops::matmul::{matmul, matmul_at, matmul_bt};
+//!
+//! Work is cut into blocks of [`BLOCK`] rows per head: query blocks in the
+//! forward, key blocks in the backward. A block only touches the keys (or
+//! queries) the causal mask lets through, so the upper triangle of the score
+//! matrix is never computed. Blocks run in parallel; each writes its own
+//! outputs or partial sums, and the partials are added in block and head
+//! order afterwards, so results do not depend on the thread count.
+//! Products are single-threaded `matrixmultiply` calls reading the heads in
+//! place through strides.
+use crate::ops::activation::{exp, exp_shifted, simd_fn};
+use crate::ops::softmax::{lane_max, lane_sum};
 use rayon::prelude::*;
+
+/// Rows per parallel block: big enough for efficient products, small enough
+/// that the masked half of each diagonal block stays a small waste.
+const BLOCK: usize = 64;
 
 /// Sizes of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,42 +52,96 @@ impl AttnDims {
             self.kv_len
         }
     }
+
+    /// First query that sees key `j` (`q_len` if none does).
+    #[inline]
+    fn first_seeing(&self, j: usize) -> usize {
+        if self.causal {
+            (j + self.q_len).saturating_sub(self.kv_len).min(self.q_len)
+        } else {
+            0
+        }
+    }
+
+    fn check(&self) {
+        let AttnDims { q_len, kv_len, n_head, n_kv_head, .. } = *self;
+        assert!(n_kv_head > 0 && n_head % n_kv_head == 0, "attention: {n_head} heads over {n_kv_head} kv heads");
+        assert!(q_len <= kv_len, "attention: {q_len} queries over {kv_len} keys");
+    }
 }
+
+/// `c[m, n] = alpha * a[m, k] · b[k, n]` (overwritten), each operand given
+/// by a base pointer and (row, column) strides.
+///
+/// # Safety
+/// Every index `r * rs + c * cs` of each operand must lie inside its
+/// allocation, and `c` must not alias `a` or `b` or be written concurrently.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm(
+    (m, k, n): (usize, usize, usize),
+    alpha: f32,
+    a: (*const f32, usize, usize),
+    b: (*const f32, usize, usize),
+    c: (*mut f32, usize, usize),
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        matrixmultiply::sgemm(m, k, n, alpha, a.0, a.1 as isize, a.2 as isize, b.0, b.1 as isize, b.2 as isize, 0.0, c.0, c.1 as isize, c.2 as isize);
+    }
+}
+
+/// Output pointer shared by parallel blocks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: each block writes only its own rows of its own head (see callers).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
 
 /// `out[q_len, n_head * head_dim] = softmax(scale * q k^T + mask) v`, with
 /// `lse[q_len, n_head]` saved.
 ///
 /// `q`: `[q_len, n_head, head_dim]`; `k`, `v`: `[kv_len, n_kv_head, head_dim]`.
-/// Per head two GEMMs (`s = scale q_h k_h^T`, `out_h = p v_h`) around a row
-/// softmax; threads split over heads, so every sum runs in a fixed order.
+/// One parallel task per (head, block of [`BLOCK`] queries): scores against
+/// the keys the block can see, row softmax, then `p v`.
 pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32) {
+    d.check();
     let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
-    assert!(n_kv_head > 0 && n_head % n_kv_head == 0, "attention: {n_head} heads over {n_kv_head} kv heads");
-    assert!(q_len <= kv_len, "attention: {q_len} queries over {kv_len} keys");
     assert_eq!(q.len(), q_len * n_head * hd, "attention q length");
     assert_eq!(k.len(), kv_len * n_kv_head * hd, "attention k length");
     assert_eq!(v.len(), k.len(), "attention v length");
     assert_eq!(out.len(), q.len(), "attention out length");
     assert_eq!(lse.len(), q_len * n_head, "attention lse length");
-    let group = n_head / n_kv_head;
-    // Per head: (out_h: [q_len, hd], lse_h: [q_len]).
-    let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..n_head)
+    let (group, blocks) = (n_head / n_kv_head, q_len.div_ceil(BLOCK));
+    let (qs, ks) = (n_head * hd, n_kv_head * hd);
+    let out_ptr = SharedOut(out.as_mut_ptr());
+    let lse_blocks: Vec<Vec<f32>> = (0..n_head * blocks)
         .into_par_iter()
-        .map(|h| {
-            let kvh = h / group;
-            let (q_h, k_h, v_h) = (head_rows(q, q_len, n_head, hd, h), head_rows(k, kv_len, n_kv_head, hd, kvh), head_rows(v, kv_len, n_kv_head, hd, kvh));
-            let mut p = vec![0.0f32; q_len * kv_len];
-            matmul_bt(&mut p, &q_h, &k_h, (q_len, hd, kv_len), scale, false);
-            let lse_h: Vec<f32> = p.chunks_exact_mut(kv_len).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(t))).collect();
-            let mut out_h = vec![0.0f32; q_len * hd];
-            matmul(&mut out_h, &p, &v_h, (q_len, kv_len, hd), 1.0, false);
-            (out_h, lse_h)
+        .map(|task| {
+            let out_ptr = out_ptr;
+            let (h, r0) = (task / blocks, task % blocks * BLOCK);
+            let rows = BLOCK.min(q_len - r0);
+            let keys = d.visible(r0 + rows - 1);
+            // Offsets of this block's first query row and of its head's keys.
+            let (qv, kv) = (r0 * qs + h * hd, (h / group) * hd);
+            // p: [rows, keys]
+            let mut p = vec![0.0f32; rows * keys];
+            // SAFETY: q rows r0..r0+rows and k/v rows 0..keys of this head lie
+            // inside q, k, v (lengths asserted above); out rows r0..r0+rows of
+            // head h are written by this task only.
+            unsafe {
+                gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (p.as_mut_ptr(), keys, 1));
+            }
+            let lse_b: Vec<f32> = p.chunks_exact_mut(keys).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
+            unsafe {
+                gemm((rows, keys, hd), 1.0, (p.as_ptr(), keys, 1), (v.as_ptr().add(kv), ks, 1), (out_ptr.0.add(qv), qs, 1));
+            }
+            lse_b
         })
         .collect();
-    for (h, (out_h, lse_h)) in per_head.iter().enumerate() {
-        for t in 0..q_len {
-            out[(t * n_head + h) * hd..][..hd].copy_from_slice(&out_h[t * hd..][..hd]);
-            lse[t * n_head + h] = lse_h[t];
+    for (task, lse_b) in lse_blocks.iter().enumerate() {
+        let (h, r0) = (task / blocks, task % blocks * BLOCK);
+        for (t, &l) in lse_b.iter().enumerate() {
+            lse[(r0 + t) * n_head + h] = l;
         }
     }
 }
@@ -83,36 +151,49 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
 fn softmax_prefix(row: &mut [f32], seen: usize) -> f32 {
     let (live, masked) = row.split_at_mut(seen);
     masked.fill(0.0);
-    let max = live.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    let mut sum = 0.0f32;
-    for s in live.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
+    let max = lane_max(live);
+    exp_shifted(live, max);
+    let sum = lane_sum(live);
     let inv = 1.0 / sum;
     live.iter_mut().for_each(|s| *s *= inv);
     max + sum.ln()
 }
 
-/// Rows `[len, hd]` of head `h` out of `x: [len, heads, hd]`.
-fn head_rows(x: &[f32], len: usize, heads: usize, hd: usize, h: usize) -> Vec<f32> {
-    (0..len).flat_map(|t| x[(t * heads + h) * hd..][..hd].iter().copied()).collect()
+simd_fn! {
+    /// One row of the backward's score block, in place: `p = exp(s - lse)`
+    /// on the `seen` visible keys (zero past them) and
+    /// `ds = p (dp - big_d) scale`.
+    fn probs_and_score_grads(s: &mut [f32], dp: &mut [f32], seen: usize, lse: f32, big_d: f32, scale: f32) {
+        for (j, (p, g)) in s.iter_mut().zip(dp.iter_mut()).enumerate() {
+            let e = exp(*p - lse);
+            *p = if j < seen { e } else { 0.0 };
+            *g = *p * (*g - big_d) * scale;
+        }
+    }
 }
 
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// Partial gradients of one (head, key block) backward task.
+struct KeyBlockGrads {
+    /// `[rows, hd]`: this key block's share of `dq` for queries `first..`.
+    dq: Vec<f32>,
+    /// `[cols, hd]` each: this head's share of the block's `dk`, `dv`.
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    first: usize,
 }
 
 /// Backward of [`attention_forward`]: the probabilities are rebuilt from
-/// `lse`, never stored. Per head, with `p = softmax(s)`, `dp = dout v^T`,
+/// `lse`, never stored. With `p = softmax(s)`, `dp = dout v^T`,
 /// `D = rowsum(dout * out)`: `ds = p (dp - D)`, `dq = scale ds k`,
-/// `dk = scale ds^T q`, `dv = p^T dout`, each product one GEMM over the
-/// head's `[q_len, kv_len]` score block.
+/// `dk = scale ds^T q`, `dv = p^T dout`.
+///
+/// One parallel task per (query head, block of [`BLOCK`] keys) over the
+/// queries that see the block: five products on a `[rows, BLOCK]` score
+/// block. Its `dq` rows and its `dk`/`dv` rows are partial sums, added
+/// afterwards in key-block order (dq) and head order (dk, dv).
 ///
 /// `dq`, `q`, `out`, `dout`: `[q_len, n_head, head_dim]`; `dk`, `dv`, `k`, `v`:
-/// `[kv_len, n_kv_head, head_dim]` (overwritten); `lse`: `[q_len, n_head]`.
-/// Threads split over key/value heads, so every sum runs in a fixed order.
+/// `[kv_len, n_kv_head, head_dim]` (all three overwritten); `lse`: `[q_len, n_head]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     dq: &mut [f32],
@@ -127,53 +208,85 @@ pub fn attention_backward(
     d: AttnDims,
     scale: f32,
 ) {
+    d.check();
     let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
-    assert!(dq.len() == q.len() && dout.len() == q.len() && out.len() == q.len(), "attention_backward q lengths");
-    assert!(dk.len() == k.len() && dv.len() == v.len() && k.len() == kv_len * n_kv_head * hd, "attention_backward kv lengths");
-    let group = n_head / n_kv_head;
-    let head_rows = |x: &[f32], len: usize, heads: usize, h: usize| head_rows(x, len, heads, hd, h);
-    let per_kv: Vec<(Vec<Vec<f32>>, Vec<f32>, Vec<f32>)> = (0..n_kv_head)
+    assert!(q.len() == q_len * n_head * hd && dq.len() == q.len() && dout.len() == q.len() && out.len() == q.len(), "attention_backward q lengths");
+    assert!(dk.len() == k.len() && dv.len() == v.len() && v.len() == k.len() && k.len() == kv_len * n_kv_head * hd, "attention_backward kv lengths");
+    assert_eq!(lse.len(), q_len * n_head, "attention_backward lse length");
+    let (group, blocks) = (n_head / n_kv_head, kv_len.div_ceil(BLOCK));
+    let (qs, ks) = (n_head * hd, n_kv_head * hd);
+    let grads: Vec<KeyBlockGrads> = (0..n_head * blocks)
         .into_par_iter()
-        .map(|kvh| {
-            let (k_h, v_h) = (head_rows(k, kv_len, n_kv_head, kvh), head_rows(v, kv_len, n_kv_head, kvh));
-            let mut dk_h = vec![0.0f32; kv_len * hd];
-            let mut dv_h = vec![0.0f32; kv_len * hd];
-            let mut p = vec![0.0f32; q_len * kv_len];
-            let mut ds = vec![0.0f32; q_len * kv_len];
-            let mut dqs = Vec::with_capacity(group);
-            for h in kvh * group..(kvh + 1) * group {
-                let (q_h, do_h, o_h) = (head_rows(q, q_len, n_head, h), head_rows(dout, q_len, n_head, h), head_rows(out, q_len, n_head, h));
-                matmul_bt(&mut p, &q_h, &k_h, (q_len, hd, kv_len), scale, false);
-                matmul_bt(&mut ds, &do_h, &v_h, (q_len, hd, kv_len), 1.0, false);
-                for t in 0..q_len {
-                    let (l, seen) = (lse[t * n_head + h], d.visible(t));
-                    let big_d = dot(&do_h[t * hd..][..hd], &o_h[t * hd..][..hd]);
-                    let (p_t, ds_t) = (&mut p[t * kv_len..][..kv_len], &mut ds[t * kv_len..][..kv_len]);
-                    for j in 0..kv_len {
-                        p_t[j] = if j < seen { (p_t[j] - l).exp() } else { 0.0 };
-                        ds_t[j] = p_t[j] * (ds_t[j] - big_d) * scale;
-                    }
-                }
-                let mut dq_h = vec![0.0f32; q_len * hd];
-                matmul(&mut dq_h, &ds, &k_h, (q_len, kv_len, hd), 1.0, false);
-                matmul_at(&mut dk_h, &ds, &q_h, (kv_len, q_len, hd), 1.0, true);
-                matmul_at(&mut dv_h, &p, &do_h, (kv_len, q_len, hd), 1.0, true);
-                dqs.push(dq_h);
+        .map(|task| {
+            let (h, c0) = (task / blocks, task % blocks * BLOCK);
+            let cols = BLOCK.min(kv_len - c0);
+            let first = d.first_seeing(c0);
+            let rows = q_len - first;
+            let qv = first * qs + h * hd;
+            let kv = c0 * ks + (h / group) * hd;
+            // s, dp: [rows, cols]
+            let (mut s, mut dp) = (vec![0.0f32; rows * cols], vec![0.0f32; rows * cols]);
+            let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
+            // SAFETY: query rows first..q_len and key rows c0..c0+cols of
+            // this head lie inside q, dout, k, v (lengths asserted above);
+            // the outputs are this task's own buffers.
+            unsafe {
+                gemm((rows, hd, cols), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (s.as_mut_ptr(), cols, 1));
+                gemm((rows, hd, cols), 1.0, (dout.as_ptr().add(qv), qs, 1), (v.as_ptr().add(kv), 1, ks), (dp.as_mut_ptr(), cols, 1));
             }
-            (dqs, dk_h, dv_h)
+            for (r, (s_r, dp_r)) in s.chunks_exact_mut(cols).zip(dp.chunks_exact_mut(cols)).enumerate() {
+                let t = first + r;
+                let at = t * qs + h * hd;
+                let big_d = lane_dot(&dout[at..at + hd], &out[at..at + hd]);
+                let seen = d.visible(t).saturating_sub(c0);
+                probs_and_score_grads(s_r, dp_r, seen, lse[t * n_head + h], big_d, scale);
+            }
+            unsafe {
+                gemm((cols, rows, hd), 1.0, (s.as_ptr(), 1, cols), (dout.as_ptr().add(qv), qs, 1), (dv_b.as_mut_ptr(), hd, 1));
+                gemm((cols, rows, hd), 1.0, (dp.as_ptr(), 1, cols), (q.as_ptr().add(qv), qs, 1), (dk_b.as_mut_ptr(), hd, 1));
+                gemm((rows, cols, hd), 1.0, (dp.as_ptr(), cols, 1), (k.as_ptr().add(kv), ks, 1), (dq_b.as_mut_ptr(), hd, 1));
+            }
+            KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first }
         })
         .collect();
-    for (kvh, (dqs, dk_h, dv_h)) in per_kv.iter().enumerate() {
-        for (g, dq_h) in dqs.iter().enumerate() {
-            for t in 0..q_len {
-                dq[(t * n_head + kvh * group + g) * hd..][..hd].copy_from_slice(&dq_h[t * hd..][..hd]);
+    // dq[t, h] = sum over key blocks, in block order.
+    dq.par_chunks_mut(qs).enumerate().for_each(|(t, dq_t)| {
+        dq_t.fill(0.0);
+        for (task, g) in grads.iter().enumerate().filter(|(_, g)| g.first <= t) {
+            let h = task / blocks;
+            let src = &g.dq[(t - g.first) * hd..][..hd];
+            dq_t[h * hd..][..hd].iter_mut().zip(src).for_each(|(a, b)| *a += b);
+        }
+    });
+    // dk, dv[j, kvh] = sum over the group's query heads, in head order.
+    dk.par_chunks_mut(ks).zip(dv.par_chunks_mut(ks)).enumerate().for_each(|(j, (dk_j, dv_j))| {
+        let (b, c) = (j / BLOCK, j % BLOCK);
+        for kvh in 0..n_kv_head {
+            let (dk_o, dv_o) = (&mut dk_j[kvh * hd..][..hd], &mut dv_j[kvh * hd..][..hd]);
+            dk_o.fill(0.0);
+            dv_o.fill(0.0);
+            for h in kvh * group..(kvh + 1) * group {
+                let g = &grads[h * blocks + b];
+                dk_o.iter_mut().zip(&g.dk[c * hd..][..hd]).for_each(|(a, b)| *a += b);
+                dv_o.iter_mut().zip(&g.dv[c * hd..][..hd]).for_each(|(a, b)| *a += b);
             }
         }
-        for j in 0..kv_len {
-            let at = (j * n_kv_head + kvh) * hd;
-            dk[at..at + hd].copy_from_slice(&dk_h[j * hd..][..hd]);
-            dv[at..at + hd].copy_from_slice(&dv_h[j * hd..][..hd]);
+    });
+}
+
+simd_fn! {
+    /// `sum(a * b)`, in the fixed 16-lane order of [`lane_sum`].
+    fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
+        const LANES: usize = 16;
+        let mut acc = [0.0f32; LANES];
+        let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+        let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+        for (x, y) in ca.zip(cb) {
+            for l in 0..LANES {
+                acc[l] += x[l] * y[l];
+            }
         }
+        lane_sum(&acc) + tail
     }
 }
 
@@ -233,24 +346,41 @@ mod tests {
         }
     }
 
+    /// Forward and backward give the same bits on 1 and 3 threads (blocks
+    /// sum their partials in a fixed order).
+    #[test]
+    fn results_do_not_depend_on_thread_count() {
+        let d = AttnDims { q_len: 200, kv_len: 200, n_head: 6, n_kv_head: 2, head_dim: 16, causal: true };
+        let wave = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+        let (q, k, v, dout) = (wave(200 * 96, 0.61), wave(200 * 32, 0.23), wave(200 * 32, 0.11), wave(200 * 96, 0.37));
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; 200 * 6]);
+                attention_forward(&mut out, &mut lse, &q, &k, &v, d, 0.25);
+                let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+                attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, d, 0.25);
+                [out, lse, dq, dk, dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+            })
+        };
+        assert!(run(1) == run(3), "attention bits differ between 1 and 3 threads");
+    }
+
     /// Longer causal sequences (with and without a cache) and a
     /// bidirectional call: the forward against f64, and the
     /// backward's directional derivatives `<dq, e> + <dk, f> + <dv, g>`
     /// against central differences of the f64 forward's `<out, dout>`.
     #[test]
     fn long_sequences_match_f64_forward_and_directional_derivatives() {
-        for (q_len, kv_len, causal) in [(150, 150, true), (70, 100, true), (80, 80, false)] {
-            let d = AttnDims { q_len, kv_len, n_head: 2, n_kv_head: 1, head_dim: 4, causal };
+        for (q_len, kv_len, causal, n_head) in [(150, 150, true, 2), (70, 100, true, 2), (80, 80, false, 2), (130, 130, true, 3)] {
+            let d = AttnDims { q_len, kv_len, n_head, n_kv_head: 1, head_dim: 4, causal };
             let wave = |n: usize, k: f32, a: f32| (0..n).map(|i| (i as f32 * k).sin() * a).collect::<Vec<f32>>();
-            let (q, k, v) = (wave(q_len * 8, 0.61, 1.0), wave(kv_len * 4, 0.23, 1.0), wave(kv_len * 4, 0.11, 2.0));
+            let (q, k, v) = (wave(q_len * n_head * 4, 0.61, 1.0), wave(kv_len * 4, 0.23, 1.0), wave(kv_len * 4, 0.11, 2.0));
             let mut out = vec![0.0; q.len()];
-            let mut lse = vec![0.0; q_len * 2];
+            let mut lse = vec![0.0; q_len * n_head];
             attention_forward(&mut out, &mut lse, &q, &k, &v, d, 0.35);
             for (g, w) in out.iter().zip(&reference(&q, &k, &v, d, 0.35)) {
                 assert!((*g as f64 - w).abs() < 1e-5, "{q_len}/{kv_len}/{causal}: {g} vs {w}");
-            }
-            if q_len != kv_len {
-                continue; // the backward serves training (no cache)
             }
             let dout = wave(q.len(), 0.37, 1.0);
             let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
@@ -267,5 +397,197 @@ mod tests {
             let analytic = dot(&dq, &e) + dot(&dk, &f) + dot(&dv, &g);
             assert!((analytic - numeric).abs() < 1e-3 * (1.0 + numeric.abs()), "{causal}: {analytic} vs {numeric}");
         }
+    }
+}
+
+/// Release micro-benchmark on SmolLM2-135M's shapes, old kernels (the
+/// per-head full-matrix GEMMs and libm swiglu of commit c1f5ecf) against the
+/// current ones in the same run:
+/// `RAYON_NUM_THREADS=2 cargo test --release -p hexlora --lib ops::attention::bench -- --ignored --nocapture`
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use std::time::Instant;
+
+    /// The kernels before blocking and the vectorized exp, kept to time against.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    mod legacy {
+        use crate::ops::attention::AttnDims;
+        use crate::ops::matmul::{matmul, matmul_at, matmul_bt};
+        use rayon::prelude::*;
+
+        pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32) {
+            let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
+            assert!(n_kv_head > 0 && n_head % n_kv_head == 0, "attention: {n_head} heads over {n_kv_head} kv heads");
+            assert!(q_len <= kv_len, "attention: {q_len} queries over {kv_len} keys");
+            assert_eq!(q.len(), q_len * n_head * hd, "attention q length");
+            assert_eq!(k.len(), kv_len * n_kv_head * hd, "attention k length");
+            assert_eq!(v.len(), k.len(), "attention v length");
+            assert_eq!(out.len(), q.len(), "attention out length");
+            assert_eq!(lse.len(), q_len * n_head, "attention lse length");
+            let group = n_head / n_kv_head;
+            // Per head: (out_h: [q_len, hd], lse_h: [q_len]).
+            let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..n_head)
+                .into_par_iter()
+                .map(|h| {
+                    let kvh = h / group;
+                    let (q_h, k_h, v_h) = (head_rows(q, q_len, n_head, hd, h), head_rows(k, kv_len, n_kv_head, hd, kvh), head_rows(v, kv_len, n_kv_head, hd, kvh));
+                    let mut p = vec![0.0f32; q_len * kv_len];
+                    matmul_bt(&mut p, &q_h, &k_h, (q_len, hd, kv_len), scale, false);
+                    let lse_h: Vec<f32> = p.chunks_exact_mut(kv_len).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(t))).collect();
+                    let mut out_h = vec![0.0f32; q_len * hd];
+                    matmul(&mut out_h, &p, &v_h, (q_len, kv_len, hd), 1.0, false);
+                    (out_h, lse_h)
+                })
+                .collect();
+            for (h, (out_h, lse_h)) in per_head.iter().enumerate() {
+                for t in 0..q_len {
+                    out[(t * n_head + h) * hd..][..hd].copy_from_slice(&out_h[t * hd..][..hd]);
+                    lse[t * n_head + h] = lse_h[t];
+                }
+            }
+        }
+
+        fn softmax_prefix(row: &mut [f32], seen: usize) -> f32 {
+            let (live, masked) = row.split_at_mut(seen);
+            masked.fill(0.0);
+            let max = live.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let mut sum = 0.0f32;
+            for s in live.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            live.iter_mut().for_each(|s| *s *= inv);
+            max + sum.ln()
+        }
+
+        fn head_rows(x: &[f32], len: usize, heads: usize, hd: usize, h: usize) -> Vec<f32> {
+            (0..len).flat_map(|t| x[(t * heads + h) * hd..][..hd].iter().copied()).collect()
+        }
+
+        #[inline]
+        fn dot(a: &[f32], b: &[f32]) -> f32 {
+            a.iter().zip(b).map(|(x, y)| x * y).sum()
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub fn attention_backward(
+            dq: &mut [f32],
+            dk: &mut [f32],
+            dv: &mut [f32],
+            dout: &[f32],
+            q: &[f32],
+            k: &[f32],
+            v: &[f32],
+            out: &[f32],
+            lse: &[f32],
+            d: AttnDims,
+            scale: f32,
+        ) {
+            let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
+            assert!(dq.len() == q.len() && dout.len() == q.len() && out.len() == q.len(), "attention_backward q lengths");
+            assert!(dk.len() == k.len() && dv.len() == v.len() && k.len() == kv_len * n_kv_head * hd, "attention_backward kv lengths");
+            let group = n_head / n_kv_head;
+            let head_rows = |x: &[f32], len: usize, heads: usize, h: usize| head_rows(x, len, heads, hd, h);
+            let per_kv: Vec<(Vec<Vec<f32>>, Vec<f32>, Vec<f32>)> = (0..n_kv_head)
+                .into_par_iter()
+                .map(|kvh| {
+                    let (k_h, v_h) = (head_rows(k, kv_len, n_kv_head, kvh), head_rows(v, kv_len, n_kv_head, kvh));
+                    let mut dk_h = vec![0.0f32; kv_len * hd];
+                    let mut dv_h = vec![0.0f32; kv_len * hd];
+                    let mut p = vec![0.0f32; q_len * kv_len];
+                    let mut ds = vec![0.0f32; q_len * kv_len];
+                    let mut dqs = Vec::with_capacity(group);
+                    for h in kvh * group..(kvh + 1) * group {
+                        let (q_h, do_h, o_h) = (head_rows(q, q_len, n_head, h), head_rows(dout, q_len, n_head, h), head_rows(out, q_len, n_head, h));
+                        matmul_bt(&mut p, &q_h, &k_h, (q_len, hd, kv_len), scale, false);
+                        matmul_bt(&mut ds, &do_h, &v_h, (q_len, hd, kv_len), 1.0, false);
+                        for t in 0..q_len {
+                            let (l, seen) = (lse[t * n_head + h], d.visible(t));
+                            let big_d = dot(&do_h[t * hd..][..hd], &o_h[t * hd..][..hd]);
+                            let (p_t, ds_t) = (&mut p[t * kv_len..][..kv_len], &mut ds[t * kv_len..][..kv_len]);
+                            for j in 0..kv_len {
+                                p_t[j] = if j < seen { (p_t[j] - l).exp() } else { 0.0 };
+                                ds_t[j] = p_t[j] * (ds_t[j] - big_d) * scale;
+                            }
+                        }
+                        let mut dq_h = vec![0.0f32; q_len * hd];
+                        matmul(&mut dq_h, &ds, &k_h, (q_len, kv_len, hd), 1.0, false);
+                        matmul_at(&mut dk_h, &ds, &q_h, (kv_len, q_len, hd), 1.0, true);
+                        matmul_at(&mut dv_h, &p, &do_h, (kv_len, q_len, hd), 1.0, true);
+                        dqs.push(dq_h);
+                    }
+                    (dqs, dk_h, dv_h)
+                })
+                .collect();
+            for (kvh, (dqs, dk_h, dv_h)) in per_kv.iter().enumerate() {
+                for (g, dq_h) in dqs.iter().enumerate() {
+                    for t in 0..q_len {
+                        dq[(t * n_head + kvh * group + g) * hd..][..hd].copy_from_slice(&dq_h[t * hd..][..hd]);
+                    }
+                }
+                for j in 0..kv_len {
+                    let at = (j * n_kv_head + kvh) * hd;
+                    dk[at..at + hd].copy_from_slice(&dk_h[j * hd..][..hd]);
+                    dv[at..at + hd].copy_from_slice(&dv_h[j * hd..][..hd]);
+                }
+            }
+        }
+
+
+        pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) {
+            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                *o = g * (1.0 / (1.0 + (-g).exp())) * u;
+            }
+        }
+
+        pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32]) {
+            for ((((dg, du), &d), &g), &u) in dgate.iter_mut().zip(dup.iter_mut()).zip(dout).zip(gate).zip(up) {
+                let s = 1.0 / (1.0 + (-g).exp());
+                *du = d * g * s;
+                *dg = d * u * s * (1.0 + g * (1.0 - s));
+            }
+        }
+    }
+
+    /// Best wall time of `f` over `reps` runs, in ms.
+    fn best_ms(reps: usize, mut f: impl FnMut()) -> f64 {
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    #[test]
+    #[ignore = "benchmark: run in release with --ignored --nocapture"]
+    fn smollm2_shapes() {
+        let d = AttnDims { q_len: 256, kv_len: 256, n_head: 9, n_kv_head: 3, head_dim: 64, causal: true };
+        let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
+        let (q, k, v, dout) = (wave(256 * 576, 0.61), wave(256 * 192, 0.23), wave(256 * 192, 0.11), wave(256 * 576, 0.37));
+        let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; 256 * 9]);
+        let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+        let scale = 0.125;
+        println!("threads {}", rayon::current_num_threads());
+        let reps = 20;
+        let old_f = best_ms(reps, || legacy::attention_forward(&mut out, &mut lse, &q, &k, &v, d, scale));
+        let old_b = best_ms(reps, || legacy::attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, d, scale));
+        let new_f = best_ms(reps, || attention_forward(&mut out, &mut lse, &q, &k, &v, d, scale));
+        let new_b = best_ms(reps, || attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, d, scale));
+        println!("attention 256 tok  fwd: old {old_f:.3} ms  new {new_f:.3} ms   bwd: old {old_b:.3} ms  new {new_b:.3} ms");
+        println!("  x30 layers fwd+bwd: old {:.1} ms  new {:.1} ms", 30.0 * (old_f + old_b), 30.0 * (new_f + new_b));
+
+        let n = 256 * 1536;
+        let (gate, up, dy) = (wave(n, 0.013).iter().map(|x| x * 6.0).collect::<Vec<_>>(), wave(n, 0.07), wave(n, 0.03));
+        let (mut y, mut dg, mut du) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let old_f = best_ms(reps, || legacy::swiglu_forward(&mut y, &gate, &up));
+        let old_b = best_ms(reps, || legacy::swiglu_backward(&mut dg, &mut du, &dy, &gate, &up));
+        let new_f = best_ms(reps, || crate::ops::swiglu::swiglu_forward(&mut y, &gate, &up));
+        let new_b = best_ms(reps, || crate::ops::swiglu::swiglu_backward(&mut dg, &mut du, &dy, &gate, &up));
+        println!("swiglu 256x1536    fwd: old {old_f:.3} ms  new {new_f:.3} ms   bwd: old {old_b:.3} ms  new {new_b:.3} ms");
+        println!("  x30 layers fwd+bwd: old {:.1} ms  new {:.1} ms", 30.0 * (old_f + old_b), 30.0 * (new_f + new_b));
     }
 }
