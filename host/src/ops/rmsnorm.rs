@@ -6,6 +6,7 @@
 //!
 //! `rms(x) = sqrt(mean(x^2) + eps)`; the forward saves `rstd = 1 / rms(x)`
 //! per row for the backward.
+use crate::ops::activation::simd_fn;
 
 /// How the stored weight scales the normalised row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,8 +32,37 @@ impl NormWeight {
 /// rows do not drift from PyTorch's pairwise f32 sum.
 #[inline]
 pub fn rstd_of(row: &[f32], eps: f32) -> f32 {
-    let ss: f64 = row.iter().map(|&x| (x as f64) * (x as f64)).sum();
-    (1.0 / (ss / row.len() as f64 + eps as f64).sqrt()) as f32
+    (1.0 / (dot_f64(row, row) / row.len() as f64 + eps as f64).sqrt()) as f32
+}
+
+/// f64 accumulator lanes of [`dot_f64`] (one AVX-512 register); fixed, so
+/// the summation order does not depend on the CPU.
+const LANES: usize = 8;
+
+simd_fn! {
+    /// `sum(a * b)` in f64: element `i` into lane `i % 8`, the lanes in
+    /// order, then the tail.
+    fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+        let mut acc = [0.0f64; LANES];
+        let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+        let tail: f64 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x as f64 * y as f64).sum();
+        for (x, y) in ca.zip(cb) {
+            for l in 0..LANES {
+                acc[l] += x[l] as f64 * y[l] as f64;
+            }
+        }
+        acc.iter().sum::<f64>() + tail
+    }
+}
+
+simd_fn! {
+    /// `out = w * (x * r)` over one row (`w` the effective weight).
+    fn scale_row(out: &mut [f32], x: &[f32], weight: &[f32], kind: NormWeight, r: f32) {
+        match kind {
+            NormWeight::Plain => out.iter_mut().zip(x).zip(weight).for_each(|((o, &x), &w)| *o = w * (x * r)),
+            NormWeight::OnePlus => out.iter_mut().zip(x).zip(weight).for_each(|((o, &x), &w)| *o = (1.0 + w) * (x * r)),
+        }
+    }
 }
 
 /// `out[rows, dim] = weight(w) * inp * rstd`, `rstd[rows]` saved.
@@ -45,9 +75,19 @@ pub fn rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &
     assert_eq!(rstd.len(), inp.len() / dim, "rmsnorm_forward rstd length");
     for ((o, x), r) in out.chunks_exact_mut(dim).zip(inp.chunks_exact(dim)).zip(rstd.iter_mut()) {
         *r = rstd_of(x, eps);
-        for ((o, &x), &w) in o.iter_mut().zip(x).zip(weight) {
-            *o = kind.effective(w) * (x * *r);
+        scale_row(o, x, weight, kind, *r);
+    }
+}
+
+simd_fn! {
+    /// One row of [`rmsnorm_backward`]; `wdy` is scratch `[dim]`.
+    fn rmsnorm_backward_row(di: &mut [f32], wdy: &mut [f32], dy: &[f32], x: &[f32], weight: &[f32], kind: NormWeight, r: f32) {
+        match kind {
+            NormWeight::Plain => wdy.iter_mut().zip(dy).zip(weight).for_each(|((o, &g), &w)| *o = w * g),
+            NormWeight::OnePlus => wdy.iter_mut().zip(dy).zip(weight).for_each(|((o, &g), &w)| *o = (1.0 + w) * g),
         }
+        let c = (dot_f64(wdy, x) * (r as f64).powi(3) / x.len() as f64) as f32;
+        di.iter_mut().zip(wdy.iter()).zip(x).for_each(|((d, &g), &x)| *d = r * g - c * x);
     }
 }
 
@@ -58,12 +98,9 @@ pub fn rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &
 pub fn rmsnorm_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32], weight: &[f32], rstd: &[f32], kind: NormWeight) {
     let dim = weight.len();
     assert!(dinp.len() == inp.len() && dout.len() == inp.len() && rstd.len() * dim == inp.len(), "rmsnorm_backward lengths");
+    let mut wdy = vec![0.0f32; dim];
     for (((di, dy), x), &r) in dinp.chunks_exact_mut(dim).zip(dout.chunks_exact(dim)).zip(inp.chunks_exact(dim)).zip(rstd) {
-        let dot: f64 = dy.iter().zip(x).zip(weight).map(|((&g, &x), &w)| (kind.effective(w) * g) as f64 * x as f64).sum();
-        let c = (dot * (r as f64).powi(3) / dim as f64) as f32;
-        for (((d, &g), &x), &w) in di.iter_mut().zip(dy).zip(x).zip(weight) {
-            *d = r * kind.effective(w) * g - c * x;
-        }
+        rmsnorm_backward_row(di, &mut wdy, dy, x, weight, kind, r);
     }
 }
 

@@ -5,6 +5,8 @@
 //!
 //! RoPE is a rotation, so its backward is the same function with the angle
 //! negated ([`rope_apply`] with `inverse = true`); nothing is saved.
+use crate::ops::activation::simd_fn;
+use std::sync::{Arc, Mutex};
 
 /// How the rotary frequencies are derived (`rope_parameters.rope_type`).
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +58,52 @@ fn llama3_scale(inv_freq: f64, factor: f64, low: f64, high: f64, original: f64) 
     }
 }
 
+/// `cos` and `sin` of `pos * inv_freq[i]` for positions `0..len`, each
+/// `[len, inv_freq.len()]`, for one set of frequencies.
+struct AngleTable {
+    inv_freq: Vec<f32>,
+    len: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl AngleTable {
+    fn new(inv_freq: &[f32], len: usize) -> AngleTable {
+        let (mut cos, mut sin) = (Vec::with_capacity(len * inv_freq.len()), Vec::with_capacity(len * inv_freq.len()));
+        for pos in 0..len {
+            for &f in inv_freq {
+                // f32 angle as transformers computes it (`pos.float() * inv_freq`).
+                let angle = pos as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        AngleTable { inv_freq: inv_freq.to_vec(), len, cos, sin }
+    }
+}
+
+/// Positions past this are rotated from freshly computed angles instead of
+/// the shared table (which would grow too large).
+const TABLE_MAX_LEN: usize = 1 << 16;
+
+/// The angle table for `inv_freq` covering positions `0..=max_pos`. Every
+/// layer's q and k (forward and backward) rotate by the same angles, so one
+/// table, kept until the frequencies change or more positions are needed,
+/// saves a sin and a cos per (token, frequency, call). Keyed by the
+/// frequencies' values, never by pointer.
+fn angle_table(inv_freq: &[f32], max_pos: usize) -> Arc<AngleTable> {
+    static CACHE: Mutex<Option<Arc<AngleTable>>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    match cache.as_ref() {
+        Some(t) if t.len > max_pos && t.inv_freq == inv_freq => t.clone(),
+        _ => {
+            let t = Arc::new(AngleTable::new(inv_freq, (max_pos + 1).next_power_of_two().max(256)));
+            *cache = Some(t.clone());
+            t
+        }
+    }
+}
+
 /// Rotates `x: [tokens, heads, head_dim]` in place; token `t` sits at
 /// position `positions[t]`. `inv_freq: [rot_dim / 2]`. With `inverse` the
 /// rotation is undone (the backward).
@@ -63,20 +111,36 @@ pub fn rope_apply(x: &mut [f32], positions: &[usize], heads: usize, head_dim: us
     let half = inv_freq.len();
     assert!(2 * half <= head_dim, "rope_apply: rotary dim {} > head_dim {head_dim}", 2 * half);
     assert_eq!(x.len(), positions.len() * heads * head_dim, "rope_apply length");
-    let mut cos = vec![0.0f32; half];
-    let mut sin = vec![0.0f32; half];
-    for (row, &pos) in x.chunks_exact_mut(heads * head_dim).zip(positions) {
-        // f32 angle as transformers computes it (`pos.float() * inv_freq`).
-        for i in 0..half {
-            let angle = pos as f32 * inv_freq[i];
-            cos[i] = angle.cos();
-            sin[i] = if inverse { -angle.sin() } else { angle.sin() };
+    if half == 0 || positions.is_empty() {
+        return;
+    }
+    let max_pos = positions.iter().copied().max().unwrap_or(0);
+    if max_pos >= TABLE_MAX_LEN {
+        for (row, &pos) in x.chunks_exact_mut(heads * head_dim).zip(positions) {
+            let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq.iter().map(|&f| (pos as f32 * f).sin_cos()).map(|(s, c)| (c, s)).unzip();
+            rotate_row(row, head_dim, &cos, &sin, inverse);
         }
+        return;
+    }
+    let table = angle_table(inv_freq, max_pos);
+    for (row, &pos) in x.chunks_exact_mut(heads * head_dim).zip(positions) {
+        let at = pos * half;
+        rotate_row(row, head_dim, &table.cos[at..at + half], &table.sin[at..at + half], inverse);
+    }
+}
+
+simd_fn! {
+    /// Rotates every head of one token's row by the angles `(cos, sin)`
+    /// (negated with `inverse`).
+    fn rotate_row(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], inverse: bool) {
+        let half = cos.len();
+        let sign = if inverse { -1.0 } else { 1.0 };
         for head in row.chunks_exact_mut(head_dim) {
+            let (a, b) = head[..2 * half].split_at_mut(half);
             for i in 0..half {
-                let (a, b) = (head[i], head[i + half]);
-                head[i] = a * cos[i] - b * sin[i];
-                head[i + half] = b * cos[i] + a * sin[i];
+                let (x, y, s) = (a[i], b[i], sign * sin[i]);
+                a[i] = x * cos[i] - y * s;
+                b[i] = y * cos[i] + x * s;
             }
         }
     }
@@ -133,6 +197,30 @@ mod tests {
         rope_apply(&mut x, &pos, heads, hd, &inv, true);
         for (a, b) in x.iter().zip(&x0) {
             assert!((a - b).abs() < 1e-5);
+        }
+    }
+
+    /// Positions past the shared table's reach take the direct path; both
+    /// paths rotate by the f32 angle `pos * inv_freq` (checked in f64).
+    #[test]
+    fn far_and_near_positions_match_f64() {
+        let (heads, hd) = (3, 16);
+        let inv = rope_inv_freq(hd, 10000.0, &RopeScaling::Default);
+        for pos in [vec![0usize, 1, 255, 300, 7], vec![70_000, 3, 123_456]] {
+            let x0: Vec<f32> = (0..pos.len() * heads * hd).map(|i| (i as f32 * 0.29).cos()).collect();
+            let mut x = x0.clone();
+            rope_forward(&mut x, &pos, heads, hd, &inv);
+            for (t, &p) in pos.iter().enumerate() {
+                for h in 0..heads {
+                    let o = (t * heads + h) * hd;
+                    for i in 0..hd / 2 {
+                        let ang = (p as f32 * inv[i]) as f64;
+                        let (a, b) = (x0[o + i] as f64, x0[o + i + hd / 2] as f64);
+                        assert!((x[o + i] as f64 - (a * ang.cos() - b * ang.sin())).abs() < 1e-5, "pos {p}");
+                        assert!((x[o + i + hd / 2] as f64 - (b * ang.cos() + a * ang.sin())).abs() < 1e-5, "pos {p}");
+                    }
+                }
+            }
         }
     }
 }
