@@ -429,27 +429,28 @@ unsafe fn block(a: *const u16, kp: usize, panel: &[u16]) {
 
 /// Writes the 32x32 block in `tmm0..3` (rows `m0..`, columns `n0..`) into
 /// `out: [m, n]` (or adds it, with `add`), dropping the padding rows and
-/// columns. Each tile goes
-/// through an aligned scratch: `tilestored` straight into `out` (rows not
-/// line-aligned, lines not in cache) was measured slower than storing to
-/// L1 and copying rows with vector moves.
+/// columns. The tiles go through an aligned scratch, all four stored
+/// before the first is read back: `tilestored` straight into `out` (rows
+/// not line-aligned, lines not in cache) was measured slower than storing
+/// to L1 and copying rows with vector moves.
 ///
 /// # Safety
 /// Tiles hold a finished block; `out` is `[m, n]` and the caller owns
 /// columns `n0 .. min(n0 + 32, n)` of it.
 unsafe fn store(out: *mut f32, (m, n): (usize, usize), m0: usize, n0: usize, add: bool) {
     #[repr(C, align(64))]
-    struct Scratch([f32; TM * TM]);
-    let mut s = Scratch([0.0; TM * TM]);
-    for (t, (dr, dc)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
-        let (r0, c0) = (m0 + TM * dr, n0 + TM * dc);
-        if r0 >= m || c0 >= n {
-            continue;
-        }
-        let (rows, cols) = ((m - r0).min(TM), (n - c0).min(TM));
-        unsafe {
-            store_tile(t, s.0.as_mut_ptr(), TM * 4);
-            copy_rows(out.add(r0 * n + c0), n, &s.0, (rows, cols), add);
+    struct Scratch([[f32; TM * TM]; 4]);
+    let mut s = Scratch([[0.0; TM * TM]; 4]);
+    let corners = [(0, 0), (0, TM), (TM, 0), (TM, TM)];
+    for (t, tile) in s.0.iter_mut().enumerate() {
+        // SAFETY: each scratch tile is 16 rows of 64 bytes.
+        unsafe { store_tile(t, tile.as_mut_ptr(), TM * 4) };
+    }
+    for (tile, (dr, dc)) in s.0.iter().zip(corners) {
+        let (r0, c0) = (m0 + dr, n0 + dc);
+        if r0 < m && c0 < n {
+            // SAFETY: rows r0.. and columns c0.. of `out` belong to this block.
+            unsafe { copy_rows(out.add(r0 * n + c0), n, tile, ((m - r0).min(TM), (n - c0).min(TM)), add) };
         }
     }
 }
