@@ -167,6 +167,209 @@ pub fn matmul_at(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize
     product(out, a, (1, m), b, (n, 1), (m, k, n), scale, accumulate);
 }
 
+/// Output rows per register tile of [`matmul_unpacked`]; callers that split
+/// rows over threads align their blocks to it so every tile stays full.
+pub const TILE_ROWS: usize = 8;
+
+/// f32 lanes of one AVX-512 register: the tile width unit.
+const LANES: usize = 16;
+
+/// `out[m,n] (+)= scale * lhs(m,k) · rhs[k,n]` on the calling thread, with
+/// `lhs(i,p) = lhs[i * rs + p * cs]` and `rhs`, `out` row-major.
+///
+/// For products with one narrow side (the LoRA rank): packing costs as much
+/// as such a product (matrixmultiply, gemm), so this streams the operands as
+/// they are. Each `TILE_ROWS x 16`/`x 32` tile of `out` is held in
+/// registers; every step over `p` loads one row of `rhs` and broadcasts one
+/// `lhs` element per tile row. Each output element is one `mul_add` chain
+/// over `p = 0..k`, then `* scale`, then `+ out`: the same bits whichever
+/// tile (full or edge) or code path (AVX-512 or portable) computes it, so
+/// callers may split `m` anywhere.
+pub fn matmul_unpacked(
+    out: &mut [f32],
+    lhs: &[f32],
+    (rs, cs): (usize, usize),
+    rhs: &[f32],
+    (m, k, n): (usize, usize, usize),
+    scale: f32,
+    accumulate: bool,
+) {
+    assert_eq!(out.len(), m * n, "matmul_unpacked output length");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            out.fill(0.0);
+        }
+        return;
+    }
+    assert!(lhs.len() > (m - 1) * rs + (k - 1) * cs, "matmul_unpacked lhs length");
+    assert!(rhs.len() >= k * n, "matmul_unpacked rhs length");
+    let p = Unpacked { out: out.as_mut_ptr(), lhs: lhs.as_ptr(), rs, cs, rhs: rhs.as_ptr(), m, k, n, scale, accumulate };
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features are present; the asserts bound every index
+        // the tiles touch (see `Unpacked`).
+        return unsafe { avx512::tiles(p) };
+    }
+    // SAFETY: as above.
+    unsafe { tiles(p) }
+}
+
+/// Arguments of [`matmul_unpacked`] after its checks: `out` is `m * n` long
+/// and exclusively borrowed, `lhs` covers `(m-1) * rs + (k-1) * cs`, `rhs`
+/// covers `k * n`.
+#[derive(Clone, Copy)]
+struct Unpacked {
+    out: *mut f32,
+    lhs: *const f32,
+    rs: usize,
+    cs: usize,
+    rhs: *const f32,
+    m: usize,
+    k: usize,
+    n: usize,
+    scale: f32,
+    accumulate: bool,
+}
+
+/// Narrow outputs (the rank side) take 16-wide tiles, wide ones 32-wide
+/// (16 accumulators: enough independent chains to hide the FMA latency).
+/// This portable form serves CPUs without AVX-512; [`avx512`] is the same
+/// arithmetic in intrinsics (auto-vectorized `[f32; 16]` arrays kept the
+/// accumulators in memory).
+#[inline(always)]
+unsafe fn tiles(p: Unpacked) {
+    if p.n <= LANES {
+        tiles_of::<TILE_ROWS, 1>(p)
+    } else {
+        tiles_of::<TILE_ROWS, 2>(p)
+    }
+}
+
+#[inline(always)]
+unsafe fn tiles_of<const MR: usize, const NV: usize>(p: Unpacked) {
+    let width = NV * LANES;
+    for i0 in (0..p.m).step_by(MR) {
+        let rows = MR.min(p.m - i0);
+        for j0 in (0..p.n).step_by(width) {
+            let cols = width.min(p.n - j0);
+            if rows == MR && cols == width {
+                tile::<MR, NV, true>(p, i0, j0, rows, cols);
+            } else {
+                tile::<MR, NV, false>(p, i0, j0, rows, cols);
+            }
+        }
+    }
+}
+
+/// One `rows x cols` tile at `(i0, j0)`; `FULL` when it is `MR x 16 NV`.
+/// An edge tile repeats its last row and zero-pads `rhs` beyond `cols`, and
+/// stores only its real elements.
+#[inline(always)]
+unsafe fn tile<const MR: usize, const NV: usize, const FULL: bool>(p: Unpacked, i0: usize, j0: usize, rows: usize, cols: usize) {
+    let mut acc = [[[0f32; LANES]; NV]; MR];
+    let row_off: [usize; MR] = std::array::from_fn(|i| (i0 + if FULL { i } else { i.min(rows - 1) }) * p.rs);
+    for q in 0..p.k {
+        let src = p.rhs.add(q * p.n + j0);
+        let mut b = [[0f32; LANES]; NV];
+        if FULL {
+            b = std::ptr::read_unaligned(src.cast::<[[f32; LANES]; NV]>());
+        } else {
+            for c in 0..cols {
+                b[c / LANES][c % LANES] = *src.add(c);
+            }
+        }
+        for i in 0..MR {
+            let a = *p.lhs.add(row_off[i] + q * p.cs);
+            for v in 0..NV {
+                for l in 0..LANES {
+                    acc[i][v][l] = a.mul_add(b[v][l], acc[i][v][l]);
+                }
+            }
+        }
+    }
+    for (i, acc) in acc.iter().enumerate().take(rows) {
+        let dst = p.out.add((i0 + i) * p.n + j0);
+        for c in 0..cols {
+            let r = p.scale * acc[c / LANES][c % LANES];
+            *dst.add(c) = if p.accumulate { *dst.add(c) + r } else { r };
+        }
+    }
+}
+
+/// [`tiles`] in AVX-512 intrinsics: one `__m512` per 16 accumulators,
+/// masked loads and stores at the right edge.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Unpacked, LANES, TILE_ROWS};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn tiles(p: Unpacked) {
+        if p.n <= LANES {
+            tiles_of::<{ 2 * TILE_ROWS }, 1>(p)
+        } else {
+            tiles_of::<TILE_ROWS, 2>(p)
+        }
+    }
+
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn tiles_of<const MR: usize, const NV: usize>(p: Unpacked) {
+        let width = NV * LANES;
+        for i0 in (0..p.m).step_by(MR) {
+            let rows = MR.min(p.m - i0);
+            for j0 in (0..p.n).step_by(width) {
+                let masks: [__mmask16; NV] = std::array::from_fn(|v| lane_mask((p.n - j0).saturating_sub(v * LANES)));
+                tile::<MR, NV>(p, i0, j0, rows, masks);
+            }
+        }
+    }
+
+    /// The first `valid` of 16 lanes.
+    fn lane_mask(valid: usize) -> __mmask16 {
+        if valid >= LANES {
+            0xffff
+        } else {
+            ((1u32 << valid) - 1) as __mmask16
+        }
+    }
+
+    /// One tile at `(i0, j0)` with `rows <= MR` real rows (an edge tile
+    /// repeats its last row and stores only the real ones) and `masks`
+    /// selecting the real columns of each vector.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn tile<const MR: usize, const NV: usize>(p: Unpacked, i0: usize, j0: usize, rows: usize, masks: [__mmask16; NV]) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        let row_off: [usize; MR] = std::array::from_fn(|i| (i0 + i.min(rows - 1)) * p.rs);
+        for q in 0..p.k {
+            let src = p.rhs.add(q * p.n + j0);
+            let b: [__m512; NV] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], src.add(v * LANES)));
+            let lhs = p.lhs.add(q * p.cs);
+            for i in 0..MR {
+                let a = _mm512_set1_ps(*lhs.add(row_off[i]));
+                for v in 0..NV {
+                    acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+                }
+            }
+        }
+        let scale = _mm512_set1_ps(p.scale);
+        for (i, acc) in acc.iter().enumerate().take(rows) {
+            let dst = p.out.add((i0 + i) * p.n + j0);
+            for v in 0..NV {
+                let dst = dst.add(v * LANES);
+                let mut r = _mm512_mul_ps(scale, acc[v]);
+                if p.accumulate {
+                    r = _mm512_add_ps(_mm512_maskz_loadu_ps(masks[v], dst), r);
+                }
+                _mm512_mask_storeu_ps(dst, masks[v], r);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +410,35 @@ mod tests {
             assert_close(&out, &want);
             matmul(&mut out, &a, &b, (m, k, n), 2.0, true);
             assert_close(&out, &want.iter().map(|w| 3.0 * w).collect::<Vec<_>>());
+        }
+    }
+
+    /// Edge tiles (rows not a multiple of 8, widths not of 16), both tile
+    /// widths, a transposed lhs, and row splits at odd places.
+    #[test]
+    fn unpacked_matches_f64_and_row_splits_are_bit_identical() {
+        for (m, k, n) in [(1, 7, 3), (13, 40, 16), (29, 33, 21), (16, 5, 70), (9, 64, 40)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+            let want = naive(&a, &b, m, k, n);
+            let mut out = vec![0.0; m * n];
+            matmul_unpacked(&mut out, &a, (k, 1), &b, (m, k, n), 1.0, false);
+            assert_close(&out, &want);
+            let at = transpose(&a, m, k);
+            let mut out_t = vec![0.0; m * n];
+            matmul_unpacked(&mut out_t, &at, (1, m), &b, (m, k, n), 1.0, false);
+            assert_eq!(out, out_t, "the lhs layout does not change the sums");
+            matmul_unpacked(&mut out, &a, (k, 1), &b, (m, k, n), 2.0, true);
+            assert_close(&out, &want.iter().map(|w| 3.0 * w).collect::<Vec<_>>());
+            let mut whole = vec![0.0; m * n];
+            matmul_unpacked(&mut whole, &a, (k, 1), &b, (m, k, n), 0.7, false);
+            for split in [1, m / 2, m.saturating_sub(3)].into_iter().filter(|&s| s > 0 && s < m) {
+                let mut parts = vec![0.0; m * n];
+                let (top, bottom) = parts.split_at_mut(split * n);
+                matmul_unpacked(top, &a, (k, 1), &b, (split, k, n), 0.7, false);
+                matmul_unpacked(bottom, &a[split * k..], (k, 1), &b, (m - split, k, n), 0.7, false);
+                assert_eq!(parts, whole, "split at row {split} of {m}");
+            }
         }
     }
 
