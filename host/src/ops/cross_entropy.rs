@@ -18,6 +18,8 @@
 //!
 //! Rows whose target is ignored (prompt tokens) never touch the head unless
 //! their logits were asked for.
+use crate::ops::activation::{exp, exp_shifted};
+use crate::ops::softmax::{lane_max, lane_sum};
 use crate::projection::{Direction, Projection};
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -193,44 +195,22 @@ fn chunk_forward_backward(
 /// `exp(old max - max)`, the factor by which the row's earlier terms shrink.
 /// `target` is the target's index when it lies in this slice; in the last
 /// slice the final `S` is subtracted there (the one-hot term of the
-/// gradient). Max and sum run over 16 lanes so they vectorize (a fixed
-/// order: the same bits on every run and thread count).
+/// gradient). Max, exp and sum are the vectorized kernels of
+/// [`crate::ops::softmax`] and [`crate::ops::activation`] (fixed lane
+/// order: the same bits on every run, thread count and CPU).
 fn fold_row(z: &mut [f32], st: &mut RowStats, target: Option<usize>, last: bool) -> f32 {
     if let Some(i) = target {
         st.target_logit = z[i];
     }
-    let max = lanes_max(z, st.max);
-    let shrink = if st.max == f32::NEG_INFINITY { 0.0 } else { (st.max - max).exp() };
-    z.iter_mut().for_each(|v| *v = (*v - max).exp());
+    let max = lane_max(z).max(st.max);
+    let shrink = if st.max == f32::NEG_INFINITY { 0.0 } else { exp(st.max - max) };
+    exp_shifted(z, max);
     st.max = max;
-    st.sum = st.sum * shrink + lanes_sum(z);
+    st.sum = st.sum * shrink + lane_sum(z);
     if let (Some(i), true) = (target, last) {
         z[i] -= st.sum;
     }
     shrink
-}
-
-/// `max(init, v...)`, over 16 interleaved lanes (lane `j` takes elements
-/// `j, j + 16, ...`).
-fn lanes_max(v: &[f32], init: f32) -> f32 {
-    let mut acc = [init; 16];
-    let mut chunks = v.chunks_exact(16);
-    for c in &mut chunks {
-        acc.iter_mut().zip(c).for_each(|(a, &x)| *a = a.max(x));
-    }
-    acc.iter_mut().zip(chunks.remainder()).for_each(|(a, &x)| *a = a.max(x));
-    acc.iter().fold(init, |a, &b| a.max(b))
-}
-
-/// `sum v` over 16 interleaved lanes, then the lanes in order.
-fn lanes_sum(v: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut chunks = v.chunks_exact(16);
-    for c in &mut chunks {
-        acc.iter_mut().zip(c).for_each(|(a, &x)| *a += x);
-    }
-    acc.iter_mut().zip(chunks.remainder()).for_each(|(a, &x)| *a += x);
-    acc.iter().sum()
 }
 
 /// `acc[r] -= S_r W[target_r]` for rows whose target lies before the last
