@@ -310,7 +310,9 @@ impl Tape {
     /// `x W^T + scaling * drop(x) a^T b^T`, `x: [.., in] -> [.., out]`,
     /// `a: [r, in]`, `b: [out, r]`. Gives bit-for-bit what
     /// [`Tape::projection`] followed by [`Tape::lora_add`] gives, with the
-    /// branch run while the product is in flight (both directions).
+    /// branch run while the product is in flight (the forward's input half
+    /// `xa`, the whole backward); the forward's `s xa b^T` is added into
+    /// the product's output afterwards.
     pub fn projection_lora(&mut self, x: Var, proj: &Arc<dyn Projection>, a: Var, b: Var, scaling: f32, dropout: Option<Dropout>) -> Result<Var> {
         let _time = super::profile::timer("proj+lora", true);
         let info = proj.info();
@@ -325,14 +327,16 @@ impl Tape {
         }
         let mut shape = xv.shape.clone();
         *shape.last_mut().expect("checked non-scalar") = info.out_features;
-        let (mut y, mut lora) = (Tensor::zeros(&shape), vec![0.0; shapes.tokens * shapes.out_f]);
+        let mut y = Tensor::zeros(&shape);
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
         let mut side = || {
-            branch::forward_into(&mut lora, &mut xa, &xv.data, &av.data, &bv.data, scaling, dropout, shapes);
+            branch::down(&mut xa, &xv.data, &av.data, dropout, shapes);
             Ok(())
         };
         proj.apply_overlapped(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, &mut side)?;
-        y.data.iter_mut().zip(&lora).for_each(|(y, l)| *y += l);
+        // Straight into y: a separate [T, out] branch output plus an add pass
+        // cost more than this product (measured, lora::branch::bench).
+        branch::add_up(&mut y.data, &xa, &bv.data, scaling, shapes);
         Ok(self.push(NodeKind::ProjectionLora { proj: proj.clone(), scaling, dropout, xa }, &[x, x, a, b], y))
     }
 

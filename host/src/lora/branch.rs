@@ -143,6 +143,37 @@ fn forward_product(y: &mut [f32], xa: &mut [f32], x: &[f32], a: &[f32], b: &[f32
     });
 }
 
+/// `xa: [T, r] = drop(x) a^T`: the half of the forward that needs only the
+/// input, so the fused node runs it while the frozen product is in flight.
+pub fn down(xa: &mut [f32], x: &[f32], a: &[f32], dropout: Option<Dropout>, sh: Shapes) {
+    let Shapes { tokens: t, in_f, rank: r, .. } = sh;
+    if t == 0 || r == 0 {
+        return;
+    }
+    let xd = dropped(x, dropout);
+    let xd = xd.as_deref().unwrap_or(x);
+    let at = transposed(a, r, in_f); // [in, r]
+    let rows = block_rows(t, r * in_f);
+    xa.par_chunks_mut(rows * r).zip(xd.par_chunks(rows * in_f)).for_each(|(xa, x)| {
+        matmul_unpacked(xa, x, (in_f, 1), &at, (xa.len() / r, in_f, r), 1.0, false);
+    });
+}
+
+/// `y: [T, out] += s * xa b^T`: the other half, added straight into the
+/// frozen product's output. Each element is `y + s * sum`, the same bits as
+/// [`forward_into`]'s output added to `y` afterwards, without its buffer.
+pub fn add_up(y: &mut [f32], xa: &[f32], b: &[f32], s: f32, sh: Shapes) {
+    let Shapes { tokens: t, rank: r, out_f, .. } = sh;
+    if t == 0 || r == 0 {
+        return;
+    }
+    let bt = transposed(b, out_f, r); // [r, out]
+    let rows = block_rows(t, r * out_f);
+    y.par_chunks_mut(rows * out_f).zip(xa.par_chunks(rows * r)).for_each(|(y, xa)| {
+        matmul_unpacked(y, xa, (r, 1), &bt, (xa.len() / r, r, out_f), s, true);
+    });
+}
+
 /// Given `dy: [T, out]`: `dB = s dY^T xa`, `dxa = s dY B`, `dA = dxa^T drop(X)`,
 /// `dX = mask * (dxa A)`.
 #[allow(clippy::too_many_arguments)]
@@ -306,7 +337,7 @@ mod tests {
     }
 
     #[test]
-    fn forward_into_overwrites_and_unwanted_grads_stay_none() {
+    fn forward_into_overwrites_halves_agree_and_unwanted_grads_stay_none() {
         let sh = Shapes { tokens: 20, in_f: 24, rank: 4, out_f: 30 };
         let (x, a, b) = (values(20 * 24, 1), values(4 * 24, 2), values(30 * 4, 3));
         let (mut added, mut xa) = (vec![0.0; 20 * 30], vec![0.0; 20 * 4]);
@@ -314,6 +345,10 @@ mod tests {
         let mut over = vec![f32::NAN; 20 * 30];
         forward_into(&mut over, &mut xa, &x, &a, &b, 2.0, None, sh);
         assert_eq!(added, over);
+        let (mut halves, mut xa_halves) = (vec![0.0; 20 * 30], vec![f32::NAN; 20 * 4]);
+        down(&mut xa_halves, &x, &a, None, sh);
+        add_up(&mut halves, &xa_halves, &b, 2.0, sh);
+        assert_eq!((halves, &xa_halves), (added, &xa), "down + add_up is forward");
         let mut g = Grads { dx: None, da: Some(vec![0.0; 4 * 24]), db: None };
         backward(&mut g, &values(20 * 30, 4), &x, &a, &b, &xa, 2.0, None, sh);
         assert!(g.dx.is_none() && g.db.is_none());
