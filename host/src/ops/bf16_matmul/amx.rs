@@ -96,7 +96,7 @@ impl Drop for Tiles {
 
 /// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` row-major bits.
 pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
-    // B[p][j] = W[j][p]: tile (kb, half) row r, pair c = W[n0 + 16 half + c][32 kb + 2r .. + 2]
+    // B[p][j] = W[j][p]: tile (kb, half) row r, pair c = W[n0 + 16 half + c][p0 + 32 kb + 2r .. + 2]
     let prep = |n0: usize, p0: usize, panel: &mut [u16]| {
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             for (half, tile) in tiles.chunks_exact_mut(TILE_U16).enumerate() {
@@ -117,7 +117,7 @@ pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: u
 
 /// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
 pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
-    // B = W: tile (kb, half) row r, pair c = (W[32 kb + 2r][n0 + 16 half + c], W[32 kb + 2r + 1][..])
+    // B = W: tile (kb, half) row r, pair c = (W[p0 + 32 kb + 2r][n0 + 16 half + c], W[p0 + 32 kb + 2r + 1][..])
     let prep = |n0: usize, p0: usize, panel: &mut [u16]| {
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             // SAFETY: AMX CPUs have AVX-512; `rows_interleaved` clips to `w: [rows, cols]`.

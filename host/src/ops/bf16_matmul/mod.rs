@@ -12,7 +12,9 @@
 //!   interleaved), so each 32-wide output panel builds its `B` tiles in a
 //!   per-thread scratch (AVX-512 shuffles) and reuses them for every token
 //!   block: one copy of W in memory, two cheap tile layouts on the fly. The
-//!   activation is rounded once per call into tile order.
+//!   activation is rounded once per call into tile order (per pass of
+//!   ~768 KB when the reduction is long, so it stays in L2). Speed: the
+//!   ignored benchmarks in `bench.rs`.
 //! - [`Kernel::Portable`] (`portable.rs`): any CPU; converts 64-row or
 //!   64-column panels of W to f32 and multiplies the bf16-rounded
 //!   activations with `matrixmultiply`.
