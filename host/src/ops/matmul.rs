@@ -251,22 +251,29 @@ unsafe fn tiles(p: Unpacked) {
 #[inline(always)]
 unsafe fn tiles_of<const MR: usize, const NV: usize>(p: Unpacked) {
     let width = NV * LANES;
-    for i0 in (0..p.m).step_by(MR) {
-        let rows = MR.min(p.m - i0);
+    let full_rows = p.m - p.m % MR;
+    for i0 in (0..full_rows).step_by(MR) {
         for j0 in (0..p.n).step_by(width) {
             let cols = width.min(p.n - j0);
-            if rows == MR && cols == width {
-                tile::<MR, NV, true>(p, i0, j0, rows, cols);
+            if cols == width {
+                tile::<MR, NV, true>(p, i0, j0, MR, cols);
             } else {
-                tile::<MR, NV, false>(p, i0, j0, rows, cols);
+                tile::<MR, NV, false>(p, i0, j0, MR, cols);
             }
+        }
+    }
+    // Leftover rows one at a time (decoding has one): a padded tile would
+    // repeat the row up to MR times.
+    for i0 in full_rows..p.m {
+        for j0 in (0..p.n).step_by(width) {
+            tile::<1, NV, false>(p, i0, j0, 1, width.min(p.n - j0));
         }
     }
 }
 
 /// One `rows x cols` tile at `(i0, j0)`; `FULL` when it is `MR x 16 NV`.
-/// An edge tile repeats its last row and zero-pads `rhs` beyond `cols`, and
-/// stores only its real elements.
+/// An edge tile zero-pads `rhs` beyond `cols` and stores only its real
+/// elements (and would repeat its last row if `rows < MR`).
 #[inline(always)]
 unsafe fn tile<const MR: usize, const NV: usize, const FULL: bool>(p: Unpacked, i0: usize, j0: usize, rows: usize, cols: usize) {
     let mut acc = [[[0f32; LANES]; NV]; MR];
@@ -318,11 +325,16 @@ mod avx512 {
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn tiles_of<const MR: usize, const NV: usize>(p: Unpacked) {
         let width = NV * LANES;
-        for i0 in (0..p.m).step_by(MR) {
-            let rows = MR.min(p.m - i0);
-            for j0 in (0..p.n).step_by(width) {
-                let masks: [__mmask16; NV] = std::array::from_fn(|v| lane_mask((p.n - j0).saturating_sub(v * LANES)));
-                tile::<MR, NV>(p, i0, j0, rows, masks);
+        let full_rows = p.m - p.m % MR;
+        for j0 in (0..p.n).step_by(width) {
+            let masks: [__mmask16; NV] = std::array::from_fn(|v| lane_mask((p.n - j0).saturating_sub(v * LANES)));
+            for i0 in (0..full_rows).step_by(MR) {
+                tile::<MR, NV>(p, i0, j0, MR, masks);
+            }
+            // Leftover rows one at a time (decoding has one): a padded tile
+            // would repeat the row up to MR times.
+            for i0 in full_rows..p.m {
+                tile::<1, NV>(p, i0, j0, 1, masks);
             }
         }
     }
@@ -336,9 +348,9 @@ mod avx512 {
         }
     }
 
-    /// One tile at `(i0, j0)` with `rows <= MR` real rows (an edge tile
-    /// repeats its last row and stores only the real ones) and `masks`
-    /// selecting the real columns of each vector.
+    /// One tile at `(i0, j0)` with `rows <= MR` real rows (the others
+    /// would repeat the last row and are not stored) and `masks` selecting
+    /// the real columns of each vector.
     #[inline]
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn tile<const MR: usize, const NV: usize>(p: Unpacked, i0: usize, j0: usize, rows: usize, masks: [__mmask16; NV]) {
