@@ -88,7 +88,7 @@ fn tile_loop_in_l1() {
         let mut best = f64::INFINITY;
         for _ in 0..5 {
             let t = Instant::now();
-            super::amx::tile_loop_for_bench(&a, &panel, kp, reps, mode as u32);
+            super::amx::tile_loop_for_bench(a, panel, kp, reps, mode as u32);
             best = best.min(t.elapsed().as_secs_f64());
         }
         let flop = 2.0 * (32 * 32 * kp * reps) as f64;
