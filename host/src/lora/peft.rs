@@ -79,7 +79,7 @@ impl Adapter {
     pub fn save(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let json = serde_json::to_vec_pretty(&self.config.to_json()).expect("json values serialise");
-        write_atomic(&dir.join(WEIGHTS_FILE), &self.to_tensor_file().to_bytes()?)?;
+        self.to_tensor_file().write_atomic(&dir.join(WEIGHTS_FILE))?;
         write_atomic(&dir.join(CONFIG_FILE), &json)
     }
 

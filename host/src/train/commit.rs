@@ -3,9 +3,10 @@
 //! replaced atomically (`commit.safetensors`). A run killed at any instant
 //! resumes from the last commit and reproduces the uninterrupted run bit for
 //! bit (the RNG is counter-based, so the seed plus the step is its state).
-use super::atomic_write::write_atomic;
 use crate::lora::peft::peft_key;
-use crate::lora::tensor_file::TensorFile;
+use crate::lora::tensor_file::{write_tensors_atomic, TensorFile};
+use crate::tensor::Tensor;
+use std::collections::BTreeMap;
 use crate::lora::{Adapter, LoraConfig};
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::{Error, Result};
@@ -19,9 +20,14 @@ pub const COMMIT_FILE: &str = "commit.safetensors";
 /// Writes `f` to `dir/commit.safetensors` atomically, with `header` as JSON
 /// under the metadata `key`. Every kind of run (AdamW, MeZO, hypernetwork)
 /// commits this way; the key tells them apart.
-pub(crate) fn write_commit<H: Serialize>(dir: &Path, key: &str, mut f: TensorFile, header: &H) -> Result<()> {
-    f.metadata.insert(key.into(), serde_json::to_string(header).expect("header serialises"));
-    write_atomic(&dir.join(COMMIT_FILE), &f.to_bytes()?)
+pub(crate) fn write_commit<H: Serialize>(dir: &Path, key: &str, f: TensorFile, header: &H) -> Result<()> {
+    write_commit_borrowed(dir, key, f.tensors.iter().map(|(k, t)| (k.clone(), t)), header)
+}
+
+/// [`write_commit`] from borrowed tensors (no copy of the state in memory).
+pub(crate) fn write_commit_borrowed<'a, H: Serialize>(dir: &Path, key: &str, tensors: impl IntoIterator<Item = (String, &'a Tensor)>, header: &H) -> Result<()> {
+    let metadata = BTreeMap::from([(key.to_string(), serde_json::to_string(header).expect("header serialises"))]);
+    write_tensors_atomic(&dir.join(COMMIT_FILE), tensors, &metadata)
 }
 
 /// Reads `dir/commit.safetensors` if it exists: its tensors, the header
@@ -96,13 +102,13 @@ impl TrainState {
 
     /// Writes `dir/commit.safetensors` atomically.
     pub fn commit(&self, dir: &Path) -> Result<()> {
-        let mut f = TensorFile::default();
+        let mut tensors = BTreeMap::new();
         for (k, m) in self.adapter.modules.iter().enumerate() {
             for (which, t, i) in [("A", &m.a, 2 * k), ("B", &m.b, 2 * k + 1)] {
                 let key = peft_key(&m.name, which);
-                f.tensors.insert(format!("adapter/{key}"), t.clone());
-                f.tensors.insert(format!("adam_m/{key}"), self.adamw.m[i].clone());
-                f.tensors.insert(format!("adam_v/{key}"), self.adamw.v[i].clone());
+                tensors.insert(format!("adapter/{key}"), t);
+                tensors.insert(format!("adam_m/{key}"), &self.adamw.m[i]);
+                tensors.insert(format!("adam_v/{key}"), &self.adamw.v[i]);
             }
         }
         let header = Header {
@@ -115,7 +121,7 @@ impl TrainState {
             fingerprint: self.fingerprint.clone(),
             modules: self.adapter.modules.iter().map(|m| m.name.clone()).collect(),
         };
-        write_commit(dir, "hexlora_train_state", f, &header)
+        write_commit_borrowed(dir, "hexlora_train_state", tensors, &header)
     }
 
     /// Reads the last commit of a run directory, if there is one.
