@@ -14,6 +14,8 @@
 //! - [`eval`]: benchmarks, metrics, methods; [`hyper`]: the hypernetwork;
 //! - [`cli`]: the `hexlora` subcommands.
 pub mod autograd;
+#[cfg(test)]
+mod bench_clock;
 pub mod cli;
 pub mod error;
 pub mod eval;

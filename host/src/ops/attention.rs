@@ -409,18 +409,7 @@ mod tests {
 #[cfg(test)]
 mod bench {
     use super::*;
-    use std::time::Instant;
-
-    /// Best wall time of `f` over `reps` runs, in ms.
-    fn best_ms(reps: usize, mut f: impl FnMut()) -> f64 {
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64() * 1e3
-            })
-            .fold(f64::INFINITY, f64::min)
-    }
+    use crate::bench_clock::best_ms;
 
     #[test]
     #[ignore = "benchmark: run in release with --ignored --nocapture"]

@@ -27,6 +27,15 @@ fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
     }
 }
 
+/// Handles the products with nothing to multiply (an empty output, or
+/// `k == 0`: the sum is 0); returns whether `out` is final.
+fn empty_product(out: &mut [f32], (m, k, n): (usize, usize, usize), accumulate: bool) -> bool {
+    if k == 0 && !accumulate {
+        out.fill(0.0);
+    }
+    m == 0 || n == 0 || k == 0
+}
+
 /// `out[m,n] = (accumulate ? out : 0) + scale * lhs[m,k] · rhs[k,n]`, with
 /// each operand read through (row stride, column stride).
 #[allow(clippy::too_many_arguments)]
@@ -41,13 +50,7 @@ fn product(
     accumulate: bool,
 ) {
     assert_eq!(out.len(), m * n, "matmul output length");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            out.fill(0.0);
-        }
+    if empty_product(out, (m, k, n), accumulate) {
         return;
     }
     assert!(lhs.len() > (m - 1) * lrs + (k - 1) * lcs, "matmul lhs length");
@@ -195,13 +198,7 @@ pub fn matmul_unpacked(
     accumulate: bool,
 ) {
     assert_eq!(out.len(), m * n, "matmul_unpacked output length");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            out.fill(0.0);
-        }
+    if empty_product(out, (m, k, n), accumulate) {
         return;
     }
     assert!(lhs.len() > (m - 1) * rs + (k - 1) * cs, "matmul_unpacked lhs length");

@@ -33,15 +33,8 @@ fn old_backward(g: &mut Grads, dxa: &mut [f32], dy: &[f32], x: &[f32], a: &[f32]
     matmul(g.dx.as_deref_mut().unwrap(), dxa, a, (t, r, in_f), 1.0, false);
 }
 
-fn best_ms(mut f: impl FnMut()) -> f64 {
-    f();
-    (0..ROUNDS)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .fold(f64::INFINITY, f64::min)
+fn best_ms(f: impl FnMut()) -> f64 {
+    crate::bench_clock::best_ms(ROUNDS, f)
 }
 
 #[test]
