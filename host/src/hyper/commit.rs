@@ -4,12 +4,12 @@
 //! dropout derives from (seed, step), so that is the whole RNG state.
 use super::config::HyperConfig;
 use super::hypernet::HyperNet;
-use crate::lora::tensor_file::TensorFile;
 use crate::optim::adamw::{AdamW, AdamWConfig};
-use crate::train::commit::{read_commit, write_commit};
+use crate::train::commit::{read_commit, write_commit_borrowed};
 use crate::train::decoder_graph::DecoderGraph;
 use crate::Result;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// File name of the commit inside the run directory (shared with training runs).
@@ -77,11 +77,14 @@ struct Header {
 impl HyperState {
     /// Writes `dir/commit.safetensors` atomically.
     pub fn commit(&self, dir: &Path) -> Result<()> {
-        let mut f = TensorFile::default();
-        for (i, (name, p)) in self.net.param_names().into_iter().zip(self.net.params()).enumerate() {
-            f.tensors.insert(format!("adam_m/{name}"), self.adamw.m[i].clone());
-            f.tensors.insert(format!("adam_v/{name}"), self.adamw.v[i].clone());
-            f.tensors.insert(format!("param/{name}"), p);
+        // The moments are lent to the writer; only the parameters are
+        // gathered into owned tensors (the network keeps them in pieces).
+        let (names, params) = (self.net.param_names(), self.net.params());
+        let mut tensors = BTreeMap::new();
+        for (i, (name, p)) in names.iter().zip(&params).enumerate() {
+            tensors.insert(format!("adam_m/{name}"), &self.adamw.m[i]);
+            tensors.insert(format!("adam_v/{name}"), &self.adamw.v[i]);
+            tensors.insert(format!("param/{name}"), p);
         }
         let header = Header {
             config: self.net.config.clone(),
@@ -92,7 +95,7 @@ impl HyperState {
             history: self.history.clone(),
             fingerprint: self.fingerprint.clone(),
         };
-        write_commit(dir, "hexlora_hyper_state", f, &header)
+        write_commit_borrowed(dir, "hexlora_hyper_state", tensors, BTreeMap::new(), &header)
     }
 
     /// Reads the last commit of a run directory for `model`, if there is one.

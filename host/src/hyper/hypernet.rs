@@ -130,11 +130,10 @@ impl HyperNet {
         for (name, t) in self.param_names().into_iter().zip(self.params()) {
             f.tensors.insert(name, t);
         }
-        let bytes = match dtype {
-            WeightsDtype::F32 => f.to_bytes()?,
-            WeightsDtype::F16 => f16_bytes(&f)?,
-        };
-        write_atomic(&dir.join(WEIGHTS_FILE), &bytes)?;
+        match dtype {
+            WeightsDtype::F32 => f.write_atomic(&dir.join(WEIGHTS_FILE))?,
+            WeightsDtype::F16 => write_atomic(&dir.join(WEIGHTS_FILE), &f16_bytes(&f)?)?,
+        }
         let json = serde_json::to_vec_pretty(&self.config).expect("config serialises");
         write_atomic(&dir.join(CONFIG_FILE), &json)
     }

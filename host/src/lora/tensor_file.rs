@@ -21,19 +21,8 @@ pub struct TensorFile {
 impl TensorFile {
     /// Serialises every tensor as little-endian f32.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let bytes: Vec<(&String, Vec<u8>)> =
-            self.tensors.iter().map(|(k, t)| (k, t.data.iter().flat_map(|v| v.to_le_bytes()).collect())).collect();
-        let views = bytes
-            .iter()
-            .zip(self.tensors.values())
-            .map(|((k, b), t)| {
-                TensorView::new(Dtype::F32, t.shape.clone(), b)
-                    .map(|v| (k.as_str(), v))
-                    .map_err(|e| Error::format(k.as_str(), e.to_string()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let meta = (!self.metadata.is_empty()).then(|| self.metadata.clone().into_iter().collect::<HashMap<_, _>>());
-        safetensors::tensor::serialize(views, meta).map_err(|e| Error::format("safetensors", e.to_string()))
+        let views = f32_views(self.tensors.iter().map(|(k, t)| (k.clone(), t)))?;
+        safetensors::tensor::serialize(views, header_metadata(&self.metadata)).map_err(|e| Error::format("safetensors", e.to_string()))
     }
 
     /// Writes the file atomically (see [`write_tensors_atomic`]).
@@ -96,24 +85,31 @@ impl View for F32View<'_> {
 /// used to build two serialized copies first, which set the run's peak RSS.
 /// Bytes are identical to [`TensorFile::to_bytes`] (same header, name order).
 pub fn write_tensors_atomic<'a>(path: &std::path::Path, tensors: impl IntoIterator<Item = (String, &'a Tensor)>, metadata: &BTreeMap<String, String>) -> Result<()> {
-    let views: Vec<(String, F32View<'a>)> = tensors.into_iter().map(|(k, t)| (k, F32View(t))).collect();
-    for (k, v) in &views {
-        if v.0.shape.iter().product::<usize>() != v.0.data.len() {
-            return Err(Error::format(k.as_str(), format!("shape {:?} does not hold {} values", v.0.shape, v.0.data.len())));
-        }
-    }
-    let meta = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect::<HashMap<_, _>>());
-    let mut failure = None;
-    let result = crate::train::atomic_write::write_atomic_with(path, &mut |tmp| {
-        safetensors::tensor::serialize_to_file(views.iter().map(|(k, v)| (k.as_str(), F32View(v.0))), meta.clone(), tmp).map_err(|e| {
-            failure = Some(e.to_string());
-            std::io::Error::other("safetensors serialization failed")
+    let views = f32_views(tensors)?;
+    let meta = header_metadata(metadata);
+    crate::train::atomic_write::write_atomic_with(path, &mut |tmp| {
+        safetensors::tensor::serialize_to_file(views.iter().map(|(k, v)| (k.as_str(), F32View(v.0))), meta.clone(), tmp)
+            .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
+    })
+}
+
+/// The tensors as views for the safetensors writer, each checked to hold
+/// exactly its shape's values (the view lends raw memory).
+fn f32_views<'a>(tensors: impl IntoIterator<Item = (String, &'a Tensor)>) -> Result<Vec<(String, F32View<'a>)>> {
+    tensors
+        .into_iter()
+        .map(|(k, t)| {
+            if t.shape.iter().product::<usize>() != t.data.len() {
+                return Err(Error::format(k.as_str(), format!("shape {:?} does not hold {} values", t.shape, t.data.len())));
+            }
+            Ok((k, F32View(t)))
         })
-    });
-    match (result, failure) {
-        (Err(_), Some(msg)) => Err(Error::format(path.display().to_string(), msg)),
-        (r, _) => r,
-    }
+        .collect()
+}
+
+/// `__metadata__` for the header (none when empty, as before).
+fn header_metadata(metadata: &BTreeMap<String, String>) -> Option<HashMap<String, String>> {
+    (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect())
 }
 
 /// Decodes through the model loader's converter, so f16/bf16 are read by

@@ -8,13 +8,13 @@ use std::path::Path;
 
 /// Atomically replaces `path` with `bytes`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomic_with(path, &mut |tmp| std::fs::File::create(tmp).and_then(|mut f| f.write_all(bytes)))
+    write_atomic_with(path, &mut |tmp| std::fs::File::create(tmp).and_then(|mut f| f.write_all(bytes)).map_err(|e| Error::io(tmp, e)))
 }
 
 /// Atomically replaces `path` with what `write(tmp)` writes to the
 /// temporary file `tmp` (for writers that stream, so the whole content
 /// never sits in memory).
-pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&Path) -> std::io::Result<()>) -> Result<()> {
+pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&Path) -> Result<()>) -> Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| Error::invalid("output path", format!("{} has no file name", path.display())))?;
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
@@ -22,7 +22,7 @@ pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&Path) -> std::io::R
         let p = p.to_path_buf();
         move |e| Error::io(p, e)
     };
-    write(&tmp).map_err(io(&tmp))?;
+    write(&tmp)?;
     std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))

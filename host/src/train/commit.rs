@@ -18,15 +18,21 @@ use std::path::Path;
 pub const COMMIT_FILE: &str = "commit.safetensors";
 
 /// Writes `f` to `dir/commit.safetensors` atomically, with `header` as JSON
-/// under the metadata `key`. Every kind of run (AdamW, MeZO, hypernetwork)
-/// commits this way; the key tells them apart.
+/// under the metadata `key` (beside `f`'s own metadata). Every kind of run
+/// (AdamW, MeZO, hypernetwork) commits this way; the key tells them apart.
 pub(crate) fn write_commit<H: Serialize>(dir: &Path, key: &str, f: TensorFile, header: &H) -> Result<()> {
-    write_commit_borrowed(dir, key, f.tensors.iter().map(|(k, t)| (k.clone(), t)), header)
+    write_commit_borrowed(dir, key, f.tensors.iter().map(|(k, t)| (k.clone(), t)), f.metadata.clone(), header)
 }
 
 /// [`write_commit`] from borrowed tensors (no copy of the state in memory).
-pub(crate) fn write_commit_borrowed<'a, H: Serialize>(dir: &Path, key: &str, tensors: impl IntoIterator<Item = (String, &'a Tensor)>, header: &H) -> Result<()> {
-    let metadata = BTreeMap::from([(key.to_string(), serde_json::to_string(header).expect("header serialises"))]);
+pub(crate) fn write_commit_borrowed<'a, H: Serialize>(
+    dir: &Path,
+    key: &str,
+    tensors: impl IntoIterator<Item = (String, &'a Tensor)>,
+    mut metadata: BTreeMap<String, String>,
+    header: &H,
+) -> Result<()> {
+    metadata.insert(key.to_string(), serde_json::to_string(header).expect("header serialises"));
     write_tensors_atomic(&dir.join(COMMIT_FILE), tensors, &metadata)
 }
 
@@ -121,7 +127,7 @@ impl TrainState {
             fingerprint: self.fingerprint.clone(),
             modules: self.adapter.modules.iter().map(|m| m.name.clone()).collect(),
         };
-        write_commit_borrowed(dir, "hexlora_train_state", tensors, &header)
+        write_commit_borrowed(dir, "hexlora_train_state", tensors, BTreeMap::new(), &header)
     }
 
     /// Reads the last commit of a run directory, if there is one.
