@@ -315,39 +315,30 @@ mod tests {
     fn bench_smollm2_head() {
         use crate::model::cpu_projection::Bf16Projection;
         use crate::ops::bf16_matmul::Bf16Matrix;
-        use std::time::Instant;
         let (vocab, hidden, rows) = (49152, 576, 256);
         let w: Vec<f32> = (0..vocab * hidden).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4).collect();
         let table = Arc::new(Bf16Matrix::from_f32(&w, vocab, hidden));
         let x: Vec<f32> = (0..rows * hidden).map(|i| ((i * 31 % 97) as f32 - 48.0) * 0.05).collect();
         let tg: Vec<i64> = (0..rows).map(|r| (r * 193 % vocab) as i64).collect();
-        let best = |f: &mut dyn FnMut()| {
-            (0..5)
-                .map(|_| {
-                    let t = Instant::now();
-                    f();
-                    t.elapsed().as_secs_f64() * 1e3
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
+        let best = |f: &mut dyn FnMut()| crate::bench_clock::best_ms(5, f);
         for width in [VOCAB_SLICE, 2048, 1024] {
-        let head: Vec<Arc<dyn Projection>> = (0..vocab / width)
-            .map(|i| {
-                let info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: width, in_features: hidden };
-                Arc::new(Bf16Projection::window(info, table.clone(), i * width).unwrap()) as Arc<dyn Projection>
-            })
-            .collect();
-        let whole = best(&mut || {
-            head_forward_backward(&head, &x, rows, &tg, rows as f32, 256, true, None).unwrap();
-        });
-        let (mut lg, mut dx) = (vec![0f32; rows * width], vec![0f32; rows * hidden]);
-        let products = best(&mut || {
-            for s in &head {
-                s.apply(Direction::Forward, &x, rows, &mut lg).unwrap();
-                s.apply(Direction::InputGrad, &lg, rows, &mut dx).unwrap();
-            }
-        });
-        println!("head {rows} rows, {width}-wide slices: forward+backward {whole:.1} ms, its {} + {} products alone {products:.1} ms", head.len(), head.len());
+            let head: Vec<Arc<dyn Projection>> = (0..vocab / width)
+                .map(|i| {
+                    let info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: width, in_features: hidden };
+                    Arc::new(Bf16Projection::window(info, table.clone(), i * width).unwrap()) as Arc<dyn Projection>
+                })
+                .collect();
+            let whole = best(&mut || {
+                head_forward_backward(&head, &x, rows, &tg, rows as f32, 256, true, None).unwrap();
+            });
+            let (mut lg, mut dx) = (vec![0f32; rows * width], vec![0f32; rows * hidden]);
+            let products = best(&mut || {
+                for s in &head {
+                    s.apply(Direction::Forward, &x, rows, &mut lg).unwrap();
+                    s.apply(Direction::InputGrad, &lg, rows, &mut dx).unwrap();
+                }
+            });
+            println!("head {rows} rows, {width}-wide slices: forward+backward {whole:.1} ms, its {} + {} products alone {products:.1} ms", head.len(), head.len());
         }
     }
 }
