@@ -10,7 +10,6 @@ use crate::train::grad::evaluate;
 use crate::train::text_encoder::ModelText;
 use crate::train::graph::TrainableModel;
 use crate::train::decoder_graph::DecoderGraph;
-use crate::train::commit::TrainState;
 use crate::train::trainer::{train, RunOptions, TrainConfig};
 use crate::train::mezo_loop::{train_mezo, MezoConfig};
 use crate::optim::mezo::Mezo;
@@ -162,9 +161,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(e) => Some(evaluate(&*model, &Adapter::init(config.lora.clone(), &model.projections(), 0)?, e)?),
         None => None,
     };
-    let run = RunOptions { resume: args.resume, progress: !args.quiet, stop_after: None, on_step: None };
+    // Tokens of this invocation's steps (a resumed run's history holds earlier ones too).
+    let mut tokens_here = 0u64;
+    let mut count = |r: &crate::train::commit::StepRecord| tokens_here += r.tokens;
+    let run = RunOptions { resume: args.resume, progress: !args.quiet, stop_after: None, on_step: Some(&mut count) };
     let started = std::time::Instant::now();
-    let done_before = TrainState::load(&args.out).ok().flatten().map_or(0, |s| s.history.len());
     let (history, adapter, steps) = match args.optimizer {
         Optimizer::Adamw => {
             let s = train(&*model, &data, &config, &args.out, run)?;
@@ -186,8 +187,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("train tok/s: {:.1}", tokens as f64 / secs);
         // The figure above times the optimizer steps only; this one is the
         // clock a user waits: warm-up step, per-step commits, final save.
-        let all: u64 = history.iter().skip(done_before).map(|r| r.tokens).sum();
-        println!("wall tok/s (incl. first step, commits, save): {:.1}", all as f64 / started.elapsed().as_secs_f64());
+        println!("wall tok/s (incl. first step, commits, save): {:.1}", tokens_here as f64 / started.elapsed().as_secs_f64());
     }
     if let (Some(e), Some(before)) = (&eval, before) {
         println!("held-out loss: before {before:.4} after {:.4}", evaluate(&*model, &adapter, e)?);
