@@ -11,6 +11,7 @@
 //! hypernetwork hold `Arc<dyn Projection>` and nothing else of `W`, so the
 //! split runtime can route each projection to the DSP service (or back to the
 //! CPU) without touching model code.
+pub use crate::ops::bf16_matmul::LoraFactors;
 use crate::{Error, Result};
 
 /// Which product with the frozen weight is wanted.
@@ -98,5 +99,24 @@ pub trait Projection: Send + Sync {
     ) -> Result<()> {
         side()?;
         self.apply(dir, input, tokens, out)
+    }
+
+    /// The product with a LoRA branch (no dropout) carried on the same
+    /// pass, when this implementation can: forward
+    /// `out = X W^T + s xa B^T` writing `side = xa = X A^T: [tokens, r]`;
+    /// input gradient `out = dY W + dxa A` writing
+    /// `side = dxa = s dY B: [tokens, r]`. `Ok(false)` (the default): not
+    /// carried and nothing written; the caller runs the branch itself.
+    fn apply_carrying_lora(
+        &self,
+        dir: Direction,
+        input: &[f32],
+        tokens: usize,
+        out: &mut [f32],
+        lora: LoraFactors<'_>,
+        side: &mut [f32],
+    ) -> Result<bool> {
+        let _ = (dir, input, tokens, out, lora, side);
+        Ok(false)
     }
 }

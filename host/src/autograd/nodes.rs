@@ -9,7 +9,7 @@ use crate::ops::cross_entropy;
 use crate::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward, NormWeight};
 use crate::ops::rope::rope_apply;
 use crate::ops::swiglu::{swiglu_backward, swiglu_forward};
-use crate::projection::{Direction, Projection};
+use crate::projection::{Direction, LoraFactors, Projection};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -35,7 +35,14 @@ pub(crate) enum NodeKind {
     /// [T, r]`. Both directions go through [`Projection::apply_overlapped`]
     /// with the branch as the side work, so an NPU-served product overlaps
     /// the CPU's LoRA arithmetic.
-    ProjectionLora { proj: Arc<dyn Projection>, scaling: f32, dropout: Option<Dropout>, xa: Vec<f32> },
+    ///
+    /// `carried`: the projection carried the branch on its own pass
+    /// ([`Projection::apply_carrying_lora`]: bf16 AMX, no dropout); the
+    /// backward then asks it for `dX` and `dxa` the same way, and the
+    /// node's `dX` arrives as one term. A carried node rounds the branch's
+    /// input like the product's, so it is deterministic but not
+    /// bit-identical to the unfused pair.
+    ProjectionLora { proj: Arc<dyn Projection>, scaling: f32, dropout: Option<Dropout>, xa: Vec<f32>, carried: bool },
     /// `Y = A + B`, same shapes. Inputs `[a, b]`.
     Add,
     /// RMSNorm over rows of `weight.len()` with a frozen weight. Inputs
@@ -144,7 +151,10 @@ impl NodeKind {
                 let [dx, da, db] = lora_backward(x, a, b, &dout, xa, *scaling, *dropout, [wanted[1], wanted[2], wanted[3]])?;
                 Ok(vec![wanted[0].then(|| dout.clone()), dx, da, db])
             }
-            NodeKind::ProjectionLora { proj, scaling, dropout, xa } => {
+            NodeKind::ProjectionLora { proj, scaling, xa, carried: true, .. } if wanted[1] => {
+                carried_lora_backward(proj.as_ref(), inputs, &dout, xa, *scaling, wanted)
+            }
+            NodeKind::ProjectionLora { proj, scaling, dropout, xa, .. } => {
                 let (x, a, b) = (inputs[0], inputs[2], inputs[3]);
                 let mut lora = None;
                 let mut dx = wanted[1].then(|| Tensor::zeros(&x.shape));
@@ -244,6 +254,38 @@ fn lora_backward(
     Ok([wrap(grads.dx, x), wrap(grads.da, a), wrap(grads.db, b)])
 }
 
+fn no_dropout(dropout: Option<Dropout>) -> bool {
+    dropout.is_none_or(|d| d.p == 0.0)
+}
+
+/// The backward of a node whose projection carried its branch: `dX` and
+/// `dxa` from one carried input-gradient pass, then `dA`, `dB` on the CPU.
+/// Gradients `[x, x, a, b]` with `dX` in the second slot.
+fn carried_lora_backward(proj: &dyn Projection, inputs: &[&Tensor], dout: &Tensor, xa: &[f32], scaling: f32, wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
+    let (x, a, b) = (inputs[0], inputs[2], inputs[3]);
+    let shapes = branch::Shapes::of(x, a, b)?;
+    let mut dx = Tensor::zeros(&x.shape);
+    let mut dxa = vec![0.0; shapes.tokens * shapes.rank];
+    let lora = LoraFactors { a: &a.data, b: &b.data, rank: shapes.rank, scale: scaling };
+    if !proj.apply_carrying_lora(Direction::InputGrad, &dout.data, shapes.tokens, &mut dx.data, lora, &mut dxa)? {
+        return Err(Error::Unsupported(format!("{} carried its LoRA branch forward but not backward", proj.info().name)));
+    }
+    // The factor gradients stay f32: on the tiles (rounding X or dY into a
+    // row-pair layout first) they measured no faster, 0.40 against 0.35 s
+    // per 4 SmolLM2 steps: each is one pass over X or dY either way.
+    let da = wanted[2].then(|| {
+        let mut da = Tensor::zeros(&a.shape);
+        branch::grad_a(&mut da.data, &dxa, &x.data, None, shapes);
+        da
+    });
+    let db = wanted[3].then(|| {
+        let mut db = Tensor::zeros(&b.shape);
+        branch::grad_b(&mut db.data, &dout.data, xa, scaling, shapes);
+        db
+    });
+    Ok(vec![None, Some(dx), da, db])
+}
+
 fn segment_backward(f: &SegmentFn, inputs: &[&Tensor], dout: Tensor, wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
     let mut inner = Tape::new();
     let vars: Vec<Var> = inputs
@@ -329,15 +371,20 @@ impl Tape {
         *shape.last_mut().expect("checked non-scalar") = info.out_features;
         let mut y = Tensor::zeros(&shape);
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
-        let mut side = || {
-            branch::down(&mut xa, &xv.data, &av.data, dropout, shapes);
-            Ok(())
-        };
-        proj.apply_overlapped(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, &mut side)?;
-        // Straight into y: a separate [T, out] branch output plus an add pass
-        // cost more than this product (measured, lora::branch::bench).
-        branch::add_up(&mut y.data, &xa, &bv.data, scaling, shapes);
-        Ok(self.push(NodeKind::ProjectionLora { proj: proj.clone(), scaling, dropout, xa }, &[x, x, a, b], y))
+        let lora = LoraFactors { a: &av.data, b: &bv.data, rank: shapes.rank, scale: scaling };
+        let carried = no_dropout(dropout) && proj.apply_carrying_lora(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, lora, &mut xa)?;
+        if !carried {
+            let mut side = || {
+                branch::down(&mut xa, &xv.data, &av.data, dropout, shapes);
+                Ok(())
+            };
+            proj.apply_overlapped(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, &mut side)?;
+            // Straight into y: a separate [T, out] branch output plus an add
+            // pass cost more than this product (measured, lora::branch::bench).
+            branch::add_up(&mut y.data, &xa, &bv.data, scaling, shapes);
+        }
+        let kind = NodeKind::ProjectionLora { proj: proj.clone(), scaling, dropout, xa, carried };
+        Ok(self.push(kind, &[x, x, a, b], y))
     }
 
     /// RMSNorm of `x` over rows of `weight.len()` features.

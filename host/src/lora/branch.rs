@@ -195,15 +195,7 @@ pub fn backward(
         return;
     }
     if let Some(db) = g.db.as_deref_mut() {
-        // As dB^T = s xa^T dY: rows of dY stream as they are, where dB's own
-        // rows would read a column of dY each (1.5x slower measured).
-        let mut dbt = vec![0.0; r * out_f]; // [r, out]
-        let rows = block_rows(r, t * out_f);
-        dbt.par_chunks_mut(rows * out_f).enumerate().for_each(|(blk, dbt)| {
-            let j0 = blk * rows;
-            matmul_unpacked(dbt, &xa[j0..], (1, r), dy, (dbt.len() / out_f, t, out_f), s, false);
-        });
-        db.copy_from_slice(&transposed(&dbt, r, out_f));
+        grad_b(db, dy, xa, s, sh);
     }
     if g.da.is_none() && g.dx.is_none() {
         return;
@@ -227,15 +219,35 @@ pub fn backward(
         None => dxa.par_chunks_mut(rows * r).map(|a| (a, None)).enumerate().for_each(work),
     }
     if let Some(da) = g.da.as_deref_mut() {
-        // dA rows j.. = dxa[:, j..]^T drop(X): lhs(j, t) = dxa[t * r + j]
-        let xd = dropped(x, dropout);
-        let xd = xd.as_deref().unwrap_or(x);
-        let rows = block_rows(r, t * in_f);
-        da.par_chunks_mut(rows * in_f).enumerate().for_each(|(blk, da)| {
-            let j0 = blk * rows;
-            matmul_unpacked(da, &dxa[j0..], (1, r), xd, (da.len() / in_f, t, in_f), 1.0, false);
-        });
+        grad_a(da, &dxa, x, dropout, sh);
     }
+}
+
+/// `db: [out, r] = s dY^T xa`.
+pub fn grad_b(db: &mut [f32], dy: &[f32], xa: &[f32], s: f32, sh: Shapes) {
+    let Shapes { tokens: t, rank: r, out_f, .. } = sh;
+    // As dB^T = s xa^T dY: rows of dY stream as they are, where dB's own
+    // rows would read a column of dY each (1.5x slower measured).
+    let mut dbt = vec![0.0; r * out_f]; // [r, out]
+    let rows = block_rows(r, t * out_f);
+    dbt.par_chunks_mut(rows * out_f).enumerate().for_each(|(blk, dbt)| {
+        let j0 = blk * rows;
+        matmul_unpacked(dbt, &xa[j0..], (1, r), dy, (dbt.len() / out_f, t, out_f), s, false);
+    });
+    db.copy_from_slice(&transposed(&dbt, r, out_f));
+}
+
+/// `da: [r, in] = dxa^T drop(X)` given `dxa = s dY B: [T, r]`.
+pub fn grad_a(da: &mut [f32], dxa: &[f32], x: &[f32], dropout: Option<Dropout>, sh: Shapes) {
+    let Shapes { tokens: t, in_f, rank: r, .. } = sh;
+    // dA rows j.. = dxa[:, j..]^T drop(X): lhs(j, t) = dxa[t * r + j]
+    let xd = dropped(x, dropout);
+    let xd = xd.as_deref().unwrap_or(x);
+    let rows = block_rows(r, t * in_f);
+    da.par_chunks_mut(rows * in_f).enumerate().for_each(|(blk, da)| {
+        let j0 = blk * rows;
+        matmul_unpacked(da, &dxa[j0..], (1, r), xd, (da.len() / in_f, t, in_f), 1.0, false);
+    });
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 use crate::model::source::RawTensor;
 use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows};
 use crate::ops::matmul::{matmul, matmul_bt};
-use crate::projection::{Direction, Projection, ProjectionInfo};
+use crate::projection::{Direction, LoraFactors, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -176,6 +176,22 @@ impl Projection for Bf16Projection {
             Direction::InputGrad => bf16_matmul::input_grad(self.kernel, out, input, tokens, self.rows()),
         }
         Ok(())
+    }
+
+    fn apply_carrying_lora(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32], lora: LoraFactors<'_>, side: &mut [f32]) -> Result<bool> {
+        self.info.check_io(dir, input, tokens, out)?;
+        let (r, info) = (lora.rank, &self.info);
+        if lora.a.len() != r * info.in_features || lora.b.len() != info.out_features * r || side.len() != tokens * r {
+            return Err(Error::Shape {
+                what: format!("LoRA factors / side output carried by {}", info.name),
+                expected: vec![r * info.in_features, info.out_features * r, tokens * r],
+                got: vec![lora.a.len(), lora.b.len(), side.len()],
+            });
+        }
+        Ok(match dir {
+            Direction::Forward => bf16_matmul::forward_lora(self.kernel, out, input, tokens, self.rows(), lora, side),
+            Direction::InputGrad => bf16_matmul::input_grad_lora(self.kernel, out, input, tokens, self.rows(), lora, side),
+        })
     }
 }
 

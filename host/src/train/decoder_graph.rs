@@ -380,10 +380,14 @@ mod tests {
 
     /// Frozen weights in bf16 (projections, embeddings and tied head) train
     /// the tiny PyTorch-fixture Llama like f32 does: loss within 0.1% and
-    /// every adapter gradient within cosine 0.995 of the f32 graph's.
+    /// every adapter gradient within cosine 0.99 of the f32 graph's.
     /// (bf16 keeps 8 significant bits, a relative rounding of at most 2^-9
-    /// per weight and per activation entering a frozen product; measured
-    /// here: loss 1.0e-4 relative, worst gradient cosine 0.9980.)
+    /// per weight and per activation entering a frozen product. Where AMX
+    /// carries the LoRA branch on the frozen product's pass, the branch's
+    /// down products read that rounded activation too (its own factors
+    /// keep ~16 bits); measured here then: loss 2.6e-5 relative, worst
+    /// gradient cosine 0.9948, layer 0's k_proj A, the far end of the
+    /// backward. With the branch in f32 it was 1.0e-4 and 0.9980.)
     #[test]
     fn bf16_frozen_weights_train_like_f32() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama");
@@ -406,6 +410,6 @@ mod tests {
             worst = worst.min(dot / (norm(g) * norm(h)));
         }
         eprintln!("worst adapter-gradient cosine {worst:.6}");
-        assert!(worst > 0.995, "worst gradient cosine {worst}");
+        assert!(worst > 0.99, "worst gradient cosine {worst}");
     }
 }

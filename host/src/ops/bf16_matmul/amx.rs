@@ -96,15 +96,7 @@ impl Drop for Tiles {
 
 /// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` row-major bits.
 pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
-    // B[p][j] = W[j][p]: tile (kb, half) row r, pair c = W[n0 + 16 half + c][p0 + 32 kb + 2r .. + 2]
-    let prep = |n0: usize, p0: usize, panel: &mut [u16]| {
-        for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
-            for (half, tile) in tiles.chunks_exact_mut(TILE_U16).enumerate() {
-                // SAFETY: AMX CPUs have AVX-512; `pairs_transposed` clips to `w: [n, k]`.
-                unsafe { pairs_transposed(tile, w, (n, k), n0 + TM * half, p0 + TK * kb) };
-            }
-        }
-    };
+    let prep = transposed_panels(w, (n, k));
     // the panel reads columns p0 .. p0 + width of rows n0 .. n0 + 32
     let touch = |n0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
         let end = n.min(n0 + 2 * TM);
@@ -112,25 +104,81 @@ pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: u
             prefetch_lines(&w[o * k + p0..o * k + p0 + width]);
         }
     };
-    product(out, x, (tokens, k), n, &prep, &touch);
+    product(out, x, (tokens, k), n, &prep, &touch, None);
 }
 
-/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
-pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
-    // B = W: tile (kb, half) row r, pair c = (W[p0 + 32 kb + 2r][n0 + 16 half + c], W[p0 + 32 kb + 2r + 1][..])
-    let prep = |n0: usize, p0: usize, panel: &mut [u16]| {
+/// The forward's panel layout of `w: [n, k]` bits (`B[p][j] = W[j][p]`):
+/// tile `(kb, half)` row `r`, pair `c` = `W[n0 + 16 half + c][p0 + 32 kb + 2r .. + 2]`.
+fn transposed_panels(w: &[u16], (n, k): (usize, usize)) -> impl Fn(usize, usize, &mut [u16]) + Sync + '_ {
+    move |n0, p0, panel| {
+        for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
+            for (half, tile) in tiles.chunks_exact_mut(TILE_U16).enumerate() {
+                // SAFETY: AMX CPUs have AVX-512; `pairs_transposed` clips to `w: [n, k]`.
+                unsafe { pairs_transposed(tile, w, (n, k), n0 + TM * half, p0 + TK * kb) };
+            }
+        }
+    }
+}
+
+/// The input gradient's panel layout of `w: [rows, cols]` bits (`B = W`):
+/// tile `(kb, half)` row `r`, pair `c` =
+/// `(W[p0 + 32 kb + 2r][n0 + 16 half + c], W[p0 + 32 kb + 2r + 1][..])`.
+fn interleaved_panels(w: &[u16], (rows, cols): (usize, usize)) -> impl Fn(usize, usize, &mut [u16]) + Sync + '_ {
+    move |n0, p0, panel| {
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             // SAFETY: AMX CPUs have AVX-512; `rows_interleaved` clips to `w: [rows, cols]`.
             unsafe { rows_interleaved(tiles, w, (rows, cols), p0 + TK * kb, n0) };
         }
+    }
+}
+
+/// [`forward`] carrying a LoRA branch (see [`Ride`]; `a2 = [A_hi; A_lo]:
+/// [2r, k]`, `b3 = [B_hi | B_hi | B_lo]: [n, 3r]`, bf16 bits):
+/// `xa[tokens, r] = bf16(x) A^T`, then `out = bf16(x) W^T + scale xa B^T`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), (a2, b3, r): (&[u16], &[u16], usize), scale: f32, xa: &mut [f32]) {
+    let (prep, side_prep, ext_prep) = (transposed_panels(w, (n, k)), transposed_panels(a2, (2 * r, k)), transposed_panels(b3, (n, 3 * r)));
+    let touch = |n0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
+        let end = n.min(n0 + 2 * TM);
+        for o in n0 + (end - n0) * part / parts..n0 + (end - n0) * (part + 1) / parts {
+            prefetch_lines(&w[o * k + p0..o * k + p0 + width]);
+        }
     };
+    let ride = Ride { rank: r, side_prep: &side_prep, side_scale: 1.0, side: xa, ext_scale: scale, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles) };
+    product(out, x, (tokens, k), n, &prep, &touch, Some(ride));
+}
+
+/// [`input_grad`] carrying a LoRA branch (see [`Ride`]; `a3 = [A_hi; A_hi;
+/// A_lo]: [3r, cols]`, `b2 = [B_hi | B_lo]: [rows, 2r]`, bf16 bits):
+/// `dxa[tokens, r] = scale bf16(dy) B`, then `out = bf16(dy) W + dxa A`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn input_grad_lora(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, cols): (usize, usize), (a3, b2, r): (&[u16], &[u16], usize), scale: f32, dxa: &mut [f32]) {
+    let (prep, side_prep, ext_prep) = (interleaved_panels(w, (rows, cols)), interleaved_panels(b2, (rows, 2 * r)), interleaved_panels(a3, (3 * r, cols)));
+    let touch = |c0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
+        for o in p0 + width * part / parts..p0 + width * (part + 1) / parts {
+            prefetch_lines(&w[o * cols + c0..o * cols + cols.min(c0 + 2 * TM)]);
+        }
+    };
+    let ride = Ride { rank: r, side_prep: &side_prep, side_scale: scale, side: dxa, ext_scale: 1.0, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles) };
+    product(out, dy, (tokens, rows), cols, &prep, &touch, Some(ride));
+}
+
+/// Whether a product with reduction `k` over `m` rows runs in one pass (the
+/// condition for carrying a LoRA branch).
+pub(super) fn one_pass(m: usize, k: usize) -> bool {
+    k <= k_chunk(m.next_multiple_of(2 * TM))
+}
+
+/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
+pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
+    let prep = interleaved_panels(w, (rows, cols));
     // the panel is a 32-column strip of rows p0 .. p0 + width of W
     let touch = |c0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
         for o in p0 + width * part / parts..p0 + width * (part + 1) / parts {
             prefetch_lines(&w[o * cols + c0..o * cols + cols.min(c0 + 2 * TM)]);
         }
     };
-    product(out, dy, (tokens, rows), cols, &prep, &touch);
+    product(out, dy, (tokens, rows), cols, &prep, &touch, None);
 }
 
 /// Asks for the cache lines of `v` to be brought into L2 (no fault, no wait).
@@ -279,14 +327,16 @@ thread_local! {
 }
 
 /// `x: [m, k]` rounded to bf16 into `a` in the order [`block`] reads it:
-/// `[mp / 32][kp / 32][2 tiles of 16 rows x 32]`, zero padded. Every
-/// element is written, so `a` is reused between calls without clearing.
-fn round_blocked(a: &mut [u16], x: &[f32], (m, k): (usize, usize), (p0, width): (usize, usize)) {
+/// `[mp / 32][kp / 32][2 tiles of 16 rows x 32]`, zero padded, each block
+/// `stride / 32` tile pairs long (a ride's extra columns follow `kp`).
+/// Every element up to `kp` is written, so `a` is reused between calls
+/// without clearing.
+fn round_blocked(a: &mut [u16], x: &[f32], (m, k): (usize, usize), (p0, width): (usize, usize), stride: usize) {
     let kp = width.next_multiple_of(TK);
-    a.par_chunks_mut(2 * TM * kp).enumerate().for_each(|(mb, blk)| {
+    a.par_chunks_mut(2 * TM * stride).enumerate().for_each(|(mb, blk)| {
         let rows = m.saturating_sub(2 * TM * mb).min(2 * TM);
         // SAFETY: AMX CPUs have AVX-512.
-        unsafe { round_block(blk, &x[2 * TM * mb * k..(2 * TM * mb + rows) * k], k, (p0, width)) };
+        unsafe { round_block(&mut blk[..2 * TM * kp], &x[2 * TM * mb * k..(2 * TM * mb + rows) * k], k, (p0, width)) };
     });
 }
 
@@ -332,15 +382,46 @@ fn k_chunk(mp: usize) -> usize {
     ((768 << 10) / (2 * mp)).max(TK) / TK * TK
 }
 
+/// A rank-`r` LoRA branch carried by a product ([`forward_lora`],
+/// [`input_grad_lora`]), with every bf16 operand of its own carried as a
+/// sum of two bf16 (`split(v) = bf16(v) + bf16(v - bf16(v))`, ~16 bits):
+///
+/// - before the main panels run, the side product
+///   `side[m, r] = side_scale x S` is taken from the activation already
+///   rounded for them, with `S` as `[S_hi | S_lo]` (`2r` columns, B tiles
+///   from `side_prep` laid out like the main ones), the halves summed;
+/// - then `[hi, lo, hi]` of `ext_scale side` become `rp` (= `3r` rounded
+///   up to 32) more reduction columns of that activation, multiplied by
+///   the tiles of `[T_hi; T_hi; T_lo]` (the branch's other factor) that
+///   `ext_prep(n0, tiles)` writes for each panel.
+///
+/// Only the activation is rounded once, as the frozen product rounds it.
+/// With single bf16 factors the fixture Llama's loss moved 1.1e-3
+/// (relative) from f32's, ten times what bf16 frozen weights alone move
+/// it, and layer 0's adapter gradients fell to cosine 0.974: the branch's
+/// products sum only `r` terms (or a large trained factor meets a small
+/// one), so their rounding does not average out the way `W`'s does.
+pub(super) struct Ride<'a> {
+    pub rank: usize,
+    pub side_prep: &'a (dyn Fn(usize, usize, &mut [u16]) + Sync),
+    pub side_scale: f32,
+    pub side: &'a mut [f32],
+    pub ext_scale: f32,
+    pub ext_prep: &'a (dyn Fn(usize, &mut [u16]) + Sync),
+}
+
 /// `out[m, n] = bf16(x[m, k]) B` with the B tiles of the 32 columns from
 /// `n0` and reduction indices from `p0` written by `prep(n0, p0, panel)`
-/// (`[kp / 32][2]` tiles). The reduction runs in passes of [`k_chunk`]
-/// columns; passes after the first add to `out`, always in pass order.
-/// Panels run in parallel; each writes only its own columns of `out`, so
-/// every element is summed by one thread in a fixed order. While a panel
-/// is multiplied, `touch(n0 + 32, (p0, width), part, parts)` prefetches
-/// the weight the next panel's `prep` will read (rayon hands each thread a
-/// contiguous range of panels, so that is usually this thread's next one).
+/// (`[kp / 32][2]` tiles), plus the branch `ride` carries (which needs a
+/// single pass, see [`one_pass`]). The reduction runs in passes of
+/// [`k_chunk`] columns; passes after the first add to `out`, always in pass
+/// order. Panels run in parallel; each writes only its own columns of
+/// `out`, so every element is summed by one thread in a fixed order. While
+/// a panel is multiplied, `touch(n0 + 32, (p0, width), part, parts)`
+/// prefetches the weight the next panel's `prep` will read (rayon hands
+/// each thread a contiguous range of panels, so that is usually this
+/// thread's next one).
+#[allow(clippy::type_complexity)]
 fn product(
     out: &mut [f32],
     x: &[f32],
@@ -348,6 +429,7 @@ fn product(
     n: usize,
     prep: &(dyn Fn(usize, usize, &mut [u16]) + Sync),
     touch: &(dyn Fn(usize, (usize, usize), usize, usize) + Sync),
+    mut ride: Option<Ride<'_>>,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -358,21 +440,31 @@ fn product(
     }
     let mp = m.next_multiple_of(2 * TM);
     let kc = k_chunk(mp);
+    assert!(ride.is_none() || k <= kc, "a LoRA ride needs a one-pass product");
+    let rp = ride.as_ref().map_or(0, |r| (3 * r.rank).next_multiple_of(TK));
     let mut a_buf = ACTIVATION.take();
     for p0 in (0..k).step_by(kc) {
         let width = kc.min(k - p0);
         let kp = width.next_multiple_of(TK);
-        let a = a_buf.resized(mp * kp);
-        round_blocked(a, x, (m, k), (p0, width));
+        let stride = kp + rp;
+        let a = a_buf.resized(mp * stride);
+        round_blocked(a, x, (m, k), (p0, width), stride);
+        if let Some(ride) = ride.as_mut() {
+            side_product(a, (m, kp, stride), ride);
+        }
         let a = &*a;
+        let ext = ride.as_ref().map(|r| r.ext_prep);
         let out_ptr = OutPtr(out.as_mut_ptr());
         (0..n.div_ceil(2 * TM)).into_par_iter().for_each(|p| {
             let out_ptr = out_ptr;
             let n0 = p * 2 * TM;
             prefetch_out(out_ptr.0, (m, n), 0, n0);
             let mut panel_buf = PANEL.take();
-            let panel = panel_buf.resized(kp * 2 * TM);
-            prep(n0, p0, panel);
+            let panel = panel_buf.resized(stride * 2 * TM);
+            prep(n0, p0, &mut panel[..kp * 2 * TM]);
+            if let Some(ext_prep) = ext {
+                ext_prep(n0, &mut panel[kp * 2 * TM..]);
+            }
             let _tiles = Tiles::load();
             let next = n0 + 2 * TM;
             for m0 in (0..mp).step_by(2 * TM) {
@@ -380,12 +472,12 @@ fn product(
                     touch(next, (p0, width), m0 / (2 * TM), mp / (2 * TM));
                 }
                 prefetch_out(out_ptr.0, (m, n), m0 + 2 * TM, n0);
-                // SAFETY: `a` holds mp / 32 blocks of kp / 32 tile pairs and
-                // `panel` kp / 32 tile pairs; `store` writes only rows < m and
-                // columns n0 .. n0 + 32 (< n) of `out` ([m, n]), which no other
-                // panel writes.
+                // SAFETY: `a` holds mp / 32 blocks of stride / 32 tile pairs
+                // and `panel` stride / 32 tile pairs; `store` writes only rows
+                // < m and columns n0 .. n0 + 32 (< n) of `out` ([m, n]), which
+                // no other panel writes.
                 unsafe {
-                    block(a.as_ptr().add(m0 * kp), kp, panel);
+                    block(a.as_ptr().add(m0 * stride), stride, panel);
                     store(out_ptr.0, (m, n), m0, n0, p0 > 0);
                 }
             }
@@ -393,6 +485,50 @@ fn product(
         });
     }
     ACTIVATION.set(a_buf);
+}
+
+/// The ride's side product from the rounded activation `a` (`[mp / 32]`
+/// blocks of `stride / 32` tile pairs, the first `kp / 32` filled), then
+/// its extra columns into the blocks' last `stride - kp` columns.
+fn side_product(a: &mut [u16], (m, kp, stride): (usize, usize, usize), ride: &mut Ride<'_>) {
+    let r = ride.rank;
+    let mut panel_buf = TileBuf::default();
+    let panels: Vec<Vec<Line>> = (0..(2 * r).div_ceil(2 * TM))
+        .map(|sp| {
+            let panel = panel_buf.resized(kp * 2 * TM);
+            (ride.side_prep)(sp * 2 * TM, 0, panel);
+            panel_buf.0.clone()
+        })
+        .collect();
+    let (scale, ext_scale) = (ride.side_scale, ride.ext_scale);
+    let side_blocks = ride.side.par_chunks_mut(2 * TM * r);
+    a.par_chunks_mut(2 * TM * stride).zip(side_blocks).for_each(|(blk, side)| {
+        let rows = side.len() / r;
+        let mut both = vec![0.0f32; rows * 2 * r]; // [rows, 2r]: x S_hi | x S_lo
+        {
+            let _tiles = Tiles::load();
+            for (sp, panel) in panels.iter().enumerate() {
+                // SAFETY: a one-pass block of kp / 32 tile pairs and a panel
+                // of as many; `store` writes rows < `rows` of `both`.
+                unsafe {
+                    let panel = std::slice::from_raw_parts(panel.as_ptr().cast::<u16>(), kp * 2 * TM);
+                    block(blk.as_ptr(), kp, panel);
+                    store(both.as_mut_ptr(), (rows, 2 * r), 0, sp * 2 * TM, false);
+                }
+            }
+        }
+        let mut ext = vec![0.0; rows * 3 * r]; // [rows, 3r]: hi | lo | hi
+        for ((v, halves), e) in side.chunks_exact_mut(r).zip(both.chunks_exact(2 * r)).zip(ext.chunks_exact_mut(3 * r)) {
+            for j in 0..r {
+                v[j] = scale * (halves[j] + halves[r + j]);
+                let h = ext_scale * v[j];
+                let hi = super::widen(super::round_bits(h));
+                (e[j], e[r + j], e[2 * r + j]) = (hi, h - hi, hi);
+            }
+        }
+        // SAFETY: AMX CPUs have AVX-512.
+        unsafe { round_block(&mut blk[2 * TM * kp..], &ext, 3 * r, (0, 3 * r)) };
+    });
 }
 
 /// Accumulates the 32x32 block `tmm0..3` = A rows (32) times the panel's
@@ -531,7 +667,7 @@ pub(super) fn forward_parts_for_bench(x: &[f32], tokens: usize, w: &[u16], n: us
     let mut a_buf = TileBuf::default();
     let a = a_buf.resized(mp * kp);
     let t = Instant::now();
-    round_blocked(a, x, (tokens, k), (0, k));
+    round_blocked(a, x, (tokens, k), (0, k), kp);
     let round = t.elapsed().as_secs_f64();
     let mut p_buf = TileBuf::default();
     let panel = p_buf.resized(kp * 2 * TM);

@@ -151,6 +151,91 @@ pub fn input_grad(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w:
     }
 }
 
+/// A LoRA branch `scale x A^T B^T` (`a: [rank, in]`, `b: [out, rank]`,
+/// f32) to carry on a frozen product ([`forward_lora`], [`input_grad_lora`]).
+#[derive(Clone, Copy)]
+pub struct LoraFactors<'a> {
+    /// `A: [rank, in]`.
+    pub a: &'a [f32],
+    /// `B: [out, rank]`.
+    pub b: &'a [f32],
+    /// `r`.
+    pub rank: usize,
+    /// `lora_alpha / r`.
+    pub scale: f32,
+}
+
+impl LoraFactors<'_> {
+    /// `([A_hi; A_lo], [B_hi | B_hi | B_lo])` as bf16 bits, for the forward
+    /// (see `amx::Ride`).
+    #[cfg(target_arch = "x86_64")]
+    fn forward_bits(&self) -> (Vec<u16>, Vec<u16>) {
+        let (hi, lo) = (|v: &f32| round_bits(*v), |v: &f32| round_bits(v - widen(round_bits(*v))));
+        let a2 = self.a.iter().map(hi).chain(self.a.iter().map(lo)).collect();
+        let b3 = self.b.chunks_exact(self.rank).flat_map(|row| row.iter().map(hi).chain(row.iter().map(hi)).chain(row.iter().map(lo))).collect();
+        (a2, b3)
+    }
+
+    /// `([A_hi; A_hi; A_lo], [B_hi | B_lo])` as bf16 bits, for the input
+    /// gradient.
+    #[cfg(target_arch = "x86_64")]
+    fn input_grad_bits(&self) -> (Vec<u16>, Vec<u16>) {
+        let (hi, lo) = (|v: &f32| round_bits(*v), |v: &f32| round_bits(v - widen(round_bits(*v))));
+        let a3 = self.a.iter().map(hi).chain(self.a.iter().map(hi)).chain(self.a.iter().map(lo)).collect();
+        let b2 = self.b.chunks_exact(self.rank).flat_map(|row| row.iter().map(hi).chain(row.iter().map(lo))).collect();
+        (a3, b2)
+    }
+
+    /// Whether the AMX kernel can carry this branch on a `[tokens, k]`
+    /// reduction with `out` columns: the shapes fit and the reduction runs
+    /// in one pass.
+    #[cfg(target_arch = "x86_64")]
+    fn carried(&self, kernel: Kernel, tokens: usize, (k_in, k_out): (usize, usize), side: &[f32]) -> bool {
+        let fits = self.rank > 0 && tokens > 0 && k_in > 0 && k_out > 0 && side.len() == tokens * self.rank;
+        kernel == Kernel::Amx && amx::available() && fits
+    }
+}
+
+/// `out = bf16(x) W^T + scale xa B^T` with `xa[tokens, r] = bf16(x) A^T`
+/// written to `xa`: the frozen product and a LoRA branch in one pass of
+/// the AMX tiles. The branch's own operands (`A`, `B`, `xa`) are carried
+/// as sums of two bf16 (~16 bits, products summed in f32); only the
+/// activation is rounded once, as the frozen product rounds it.
+/// Returns `false`, having written nothing, when the kernel cannot carry
+/// the branch (no AMX, a reduction longer than one pass): the caller then
+/// runs the branch itself.
+pub fn forward_lora(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: Rows<'_>, lora: LoraFactors<'_>, xa: &mut [f32]) -> bool {
+    let (k, n) = (w.matrix.cols, w.len);
+    assert!(x.len() == tokens * k && out.len() == tokens * n, "bf16 forward lengths");
+    assert!(lora.a.len() == lora.rank * k && lora.b.len() == n * lora.rank, "LoRA factor lengths");
+    #[cfg(target_arch = "x86_64")]
+    if lora.carried(kernel, tokens, (k, n), xa) && amx::one_pass(tokens, k) {
+        let (a2, b3) = lora.forward_bits();
+        amx::forward_lora(out, x, tokens, w.bits(), (n, k), (&a2, &b3, lora.rank), lora.scale, xa);
+        return true;
+    }
+    let _ = (kernel, xa);
+    false
+}
+
+/// `out = bf16(dy) W + dxa A` with `dxa[tokens, r] = scale bf16(dy) B`
+/// written to `dxa` (the branch's operands as in [`forward_lora`]): the input
+/// gradient of the frozen product and of the LoRA branch in one pass (see
+/// [`forward_lora`]; `false` the same way).
+pub fn input_grad_lora(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w: Rows<'_>, lora: LoraFactors<'_>, dxa: &mut [f32]) -> bool {
+    let (rows, cols) = (w.len, w.matrix.cols);
+    assert!(dy.len() == tokens * rows && out.len() == tokens * cols, "bf16 input-gradient lengths");
+    assert!(lora.a.len() == lora.rank * cols && lora.b.len() == rows * lora.rank, "LoRA factor lengths");
+    #[cfg(target_arch = "x86_64")]
+    if lora.carried(kernel, tokens, (cols, rows), dxa) && amx::one_pass(tokens, rows) {
+        let (a3, b2) = lora.input_grad_bits();
+        amx::input_grad_lora(out, dy, tokens, w.bits(), (rows, cols), (&a3, &b2, lora.rank), lora.scale, dxa);
+        return true;
+    }
+    let _ = (kernel, dxa);
+    false
+}
+
 /// bf16 bits of `v`, rounded to nearest even; NaN stays a (quiet) NaN.
 /// Written branch-free so slice loops vectorize; equals
 /// `half::bf16::from_f32(v).to_bits()` (tested).
@@ -204,6 +289,15 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `scale bf16(a) b` with `b` as its two-bf16 split, in f64.
+    fn reference_split(a: &[f32], a_rows: usize, k: usize, b_at: impl Fn(usize, usize) -> f32, n: usize, scale: f64) -> Vec<(f64, f64)> {
+        let r = |v: f32| bf16::from_f32(v).to_f64();
+        let lo = |v: f32| r(v - bf16::from_f32(v).to_f32());
+        let hi = reference(a, a_rows, k, &b_at, n);
+        let low = reference(a, a_rows, k, |p, j| lo(b_at(p, j)) as f32, n);
+        hi.iter().zip(low).map(|((h, hm), (l, lm))| (scale * (h + l), scale.abs() * (hm + lm))).collect()
     }
 
     fn assert_close(got: &[f32], want: &[(f64, f64)], what: &str) {
@@ -280,6 +374,79 @@ mod tests {
         let (amx, port) = (run(Kernel::Amx, 2), run(Kernel::Portable, 2));
         for (a, p) in amx.0.iter().zip(&port.0).chain(amx.1.iter().zip(&port.1)) {
             assert!((a - p).abs() <= 1e-5 * (1.0 + p.abs()), "{a} vs {p}");
+        }
+    }
+
+    /// The LoRA-carrying products against f64 of their bf16 operands: the
+    /// side output (`xa`, `dxa`) on its own, then the whole output with the
+    /// side's f32 values split as the kernel's extra reduction block
+    /// splits them. Ranks below, at and above half a 32-column block.
+    #[test]
+    fn lora_carrying_products_match_f64_of_bf16_operands() {
+        if !amx_available() {
+            eprintln!("AMX-BF16 not available: the LoRA-carrying products are AMX-only (callers fall back)");
+            return;
+        }
+        let r16 = |v: f32| bf16::from_f32(v).to_f64();
+        // a branch operand as the kernel carries it: bf16 plus its bf16 remainder
+        let split = |v: f32| r16(v) + r16(v - bf16::from_f32(v).to_f32());
+        for &(out_f, in_f, rank) in &[(40, 50, 1), (70, 100, 16), (33, 96, 20), (100, 64, 33)] {
+            let first = 3;
+            let table = values((first + out_f + 2) * in_f, 0.37, 1.5);
+            let m = Bf16Matrix::from_f32(&table, first + out_f + 2, in_f);
+            let w = Rows { matrix: &m, first, len: out_f };
+            let w_at = |o: usize, i: usize| table[(first + o) * in_f + i];
+            let (a, b) = (values(rank * in_f, 0.61, 0.3), values(out_f * rank, 0.43, 0.2));
+            let lora = LoraFactors { a: &a, b: &b, rank, scale: 1.75 };
+            for tokens in [1, 7, 33, 256] {
+                let x = values(tokens * in_f, 0.71, 2.0);
+                let (mut y, mut xa) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * rank]);
+                assert!(forward_lora(Kernel::Amx, &mut y, &x, tokens, w, lora, &mut xa));
+                assert_close(&xa, &reference_split(&x, tokens, in_f, |p, j| a[j * in_f + p], rank, 1.0), "xa");
+                let frozen = reference(&x, tokens, in_f, |p, j| w_at(j, p), out_f);
+                let want: Vec<(f64, f64)> = (0..tokens * out_f)
+                    .map(|e| {
+                        let (t, o) = (e / out_f, e % out_f);
+                        let terms = (0..rank).map(|j| split(1.75 * xa[t * rank + j]) * split(b[o * rank + j]));
+                        terms.fold(frozen[e], |(s, mag), p| (s + p, mag + p.abs()))
+                    })
+                    .collect();
+                assert_close(&y, &want, &format!("forward {tokens}x{in_f}->{out_f} r{rank}"));
+
+                let dy = values(tokens * out_f, 0.53, 0.8);
+                let (mut dx, mut dxa) = (vec![f32::NAN; tokens * in_f], vec![f32::NAN; tokens * rank]);
+                assert!(input_grad_lora(Kernel::Amx, &mut dx, &dy, tokens, w, lora, &mut dxa));
+                let want_dxa = reference_split(&dy, tokens, out_f, |o, j| b[o * rank + j], rank, 1.75);
+                assert_close(&dxa, &want_dxa, "dxa");
+                let frozen = reference(&dy, tokens, out_f, w_at, in_f);
+                let want: Vec<(f64, f64)> = (0..tokens * in_f)
+                    .map(|e| {
+                        let (t, c) = (e / in_f, e % in_f);
+                        let terms = (0..rank).map(|j| split(dxa[t * rank + j]) * split(a[j * in_f + c]));
+                        terms.fold(frozen[e], |(s, mag), p| (s + p, mag + p.abs()))
+                    })
+                    .collect();
+                assert_close(&dx, &want, &format!("input grad {tokens}x{out_f}->{in_f} r{rank}"));
+            }
+        }
+    }
+
+    /// Where the branch cannot ride (the portable kernel, a reduction
+    /// longer than one pass) the calls say so and write nothing.
+    #[test]
+    fn lora_carrying_products_decline_without_writing() {
+        // 256 x 1700: more activation than one AMX pass holds
+        let (tokens, out_f, in_f, rank) = (256, 24, 1700, 4);
+        let table = values(out_f * in_f, 0.29, 1.0);
+        let m = Bf16Matrix::from_f32(&table, out_f, in_f);
+        let w = Rows { matrix: &m, first: 0, len: out_f };
+        let (a, b) = (values(rank * in_f, 0.61, 0.3), values(out_f * rank, 0.43, 0.2));
+        let lora = LoraFactors { a: &a, b: &b, rank, scale: 2.0 };
+        let x = values(tokens * in_f, 0.71, 2.0);
+        for kernel in [Kernel::Portable, Kernel::Amx] {
+            let (mut y, mut xa) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * rank]);
+            assert!(!forward_lora(kernel, &mut y, &x, tokens, w, lora, &mut xa), "{kernel:?} carried a two-pass product");
+            assert!(y.iter().chain(&xa).all(|v| v.is_nan()), "{kernel:?} declined but wrote");
         }
     }
 
