@@ -450,7 +450,7 @@ fn product(
         let a = a_buf.resized(mp * stride);
         round_blocked(a, x, (m, k), (p0, width), stride);
         if let Some(ride) = ride.as_mut() {
-            side_product(a, (m, kp, stride), ride);
+            side_product(a, (kp, stride), ride);
         }
         let a = &*a;
         let ext = ride.as_ref().map(|r| r.ext_prep);
@@ -490,7 +490,7 @@ fn product(
 /// The ride's side product from the rounded activation `a` (`[mp / 32]`
 /// blocks of `stride / 32` tile pairs, the first `kp / 32` filled), then
 /// its extra columns into the blocks' last `stride - kp` columns.
-fn side_product(a: &mut [u16], (m, kp, stride): (usize, usize, usize), ride: &mut Ride<'_>) {
+fn side_product(a: &mut [u16], (kp, stride): (usize, usize), ride: &mut Ride<'_>) {
     let r = ride.rank;
     let mut panel_buf = TileBuf::default();
     let panels: Vec<Vec<Line>> = (0..(2 * r).div_ceil(2 * TM))
