@@ -74,7 +74,7 @@ pub fn main() -> ExitCode {
         Command::Train(args) => on_rayon_worker(|| train::run(args)),
         Command::Hypertrain(args) => hypertrain::run(args),
         Command::Synth(args) => synth::run(args),
-        Command::Personalize(args) => personalize::run(args),
+        Command::Personalize(args) => on_rayon_worker(|| personalize::run(args)),
         Command::Eval(args) => eval::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Report(args) => report::run(args),
