@@ -11,7 +11,7 @@
 //! hypernetwork hold `Arc<dyn Projection>` and nothing else of `W`, so the
 //! split runtime can route each projection to the DSP service (or back to the
 //! CPU) without touching model code.
-pub use crate::ops::bf16_matmul::LoraFactors;
+pub use crate::ops::bf16_matmul::{Carried, LoraFactors};
 use crate::{Error, Result};
 
 /// Which product with the frozen weight is wanted.
@@ -105,8 +105,11 @@ pub trait Projection: Send + Sync {
     /// pass, when this implementation can: forward
     /// `out = X W^T + s xa B^T` writing `side = xa = X A^T: [tokens, r]`;
     /// input gradient `out = dY W + dxa A` writing
-    /// `side = dxa = s dY B: [tokens, r]`. `Ok(false)` (the default): not
-    /// carried and nothing written; the caller runs the branch itself.
+    /// `side = dxa = s dY B: [tokens, r]`, and with `db = Some((xa, db))`
+    /// perhaps also `db = s dY^T xa: [out, r]` ([`Carried::BranchAndDb`]).
+    /// [`Carried::No`] (the default): nothing written; the caller runs the
+    /// branch itself.
+    #[allow(clippy::too_many_arguments)]
     fn apply_carrying_lora(
         &self,
         dir: Direction,
@@ -115,8 +118,9 @@ pub trait Projection: Send + Sync {
         out: &mut [f32],
         lora: LoraFactors<'_>,
         side: &mut [f32],
-    ) -> Result<bool> {
-        let _ = (dir, input, tokens, out, lora, side);
-        Ok(false)
+        db: Option<(&[f32], &mut [f32])>,
+    ) -> Result<Carried> {
+        let _ = (dir, input, tokens, out, lora, side, db);
+        Ok(Carried::No)
     }
 }

@@ -9,7 +9,7 @@ use crate::ops::cross_entropy;
 use crate::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward, NormWeight};
 use crate::ops::rope::rope_apply;
 use crate::ops::swiglu::{swiglu_backward, swiglu_forward};
-use crate::projection::{Direction, LoraFactors, Projection};
+use crate::projection::{Carried, Direction, LoraFactors, Projection};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -266,22 +266,22 @@ fn carried_lora_backward(proj: &dyn Projection, inputs: &[&Tensor], dout: &Tenso
     let shapes = branch::Shapes::of(x, a, b)?;
     let mut dx = Tensor::zeros(&x.shape);
     let mut dxa = vec![0.0; shapes.tokens * shapes.rank];
+    let mut db = wanted[3].then(|| Tensor::zeros(&b.shape));
     let lora = LoraFactors { a: &a.data, b: &b.data, rank: shapes.rank, scale: scaling };
-    if !proj.apply_carrying_lora(Direction::InputGrad, &dout.data, shapes.tokens, &mut dx.data, lora, &mut dxa)? {
+    let db_slot = db.as_mut().map(|db| (xa, &mut db.data[..]));
+    let carried = proj.apply_carrying_lora(Direction::InputGrad, &dout.data, shapes.tokens, &mut dx.data, lora, &mut dxa, db_slot)?;
+    if carried == Carried::No {
         return Err(Error::Unsupported(format!("{} carried its LoRA branch forward but not backward", proj.info().name)));
     }
-    // The factor gradients stay f32: on the tiles (rounding X or dY into a
-    // row-pair layout first) they measured no faster, 0.40 against 0.35 s
-    // per 4 SmolLM2 steps: each is one pass over X or dY either way.
+    if let (Some(db), Carried::Branch) = (db.as_mut(), carried) {
+        branch::grad_b(&mut db.data, &dout.data, xa, scaling, shapes);
+    }
+    // dA stays f32: X is not in tile order here, and rounding it into a
+    // row-pair layout first measured no faster (a pass over X either way).
     let da = wanted[2].then(|| {
         let mut da = Tensor::zeros(&a.shape);
         branch::grad_a(&mut da.data, &dxa, &x.data, None, shapes);
         da
-    });
-    let db = wanted[3].then(|| {
-        let mut db = Tensor::zeros(&b.shape);
-        branch::grad_b(&mut db.data, &dout.data, xa, scaling, shapes);
-        db
     });
     Ok(vec![None, Some(dx), da, db])
 }
@@ -372,7 +372,7 @@ impl Tape {
         let mut y = Tensor::zeros(&shape);
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
         let lora = LoraFactors { a: &av.data, b: &bv.data, rank: shapes.rank, scale: scaling };
-        let carried = no_dropout(dropout) && proj.apply_carrying_lora(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, lora, &mut xa)?;
+        let carried = no_dropout(dropout) && proj.apply_carrying_lora(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, lora, &mut xa, None)? != Carried::No;
         if !carried {
             let mut side = || {
                 branch::down(&mut xa, &xv.data, &av.data, dropout, shapes);

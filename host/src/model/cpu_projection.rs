@@ -13,7 +13,7 @@
 use crate::model::source::RawTensor;
 use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows};
 use crate::ops::matmul::{matmul, matmul_bt};
-use crate::projection::{Direction, LoraFactors, Projection, ProjectionInfo};
+use crate::projection::{Carried, Direction, LoraFactors, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -178,7 +178,16 @@ impl Projection for Bf16Projection {
         Ok(())
     }
 
-    fn apply_carrying_lora(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32], lora: LoraFactors<'_>, side: &mut [f32]) -> Result<bool> {
+    fn apply_carrying_lora(
+        &self,
+        dir: Direction,
+        input: &[f32],
+        tokens: usize,
+        out: &mut [f32],
+        lora: LoraFactors<'_>,
+        side: &mut [f32],
+        db: Option<(&[f32], &mut [f32])>,
+    ) -> Result<Carried> {
         self.info.check_io(dir, input, tokens, out)?;
         let (r, info) = (lora.rank, &self.info);
         if lora.a.len() != r * info.in_features || lora.b.len() != info.out_features * r || side.len() != tokens * r {
@@ -189,8 +198,9 @@ impl Projection for Bf16Projection {
             });
         }
         Ok(match dir {
-            Direction::Forward => bf16_matmul::forward_lora(self.kernel, out, input, tokens, self.rows(), lora, side),
-            Direction::InputGrad => bf16_matmul::input_grad_lora(self.kernel, out, input, tokens, self.rows(), lora, side),
+            Direction::Forward if bf16_matmul::forward_lora(self.kernel, out, input, tokens, self.rows(), lora, side) => Carried::Branch,
+            Direction::Forward => Carried::No,
+            Direction::InputGrad => bf16_matmul::input_grad_lora(self.kernel, out, input, tokens, self.rows(), lora, side, db),
         })
     }
 }

@@ -144,7 +144,7 @@ pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16],
             prefetch_lines(&w[o * k + p0..o * k + p0 + width]);
         }
     };
-    let ride = Ride { rank: r, side_prep: &side_prep, side_scale: 1.0, side: xa, ext_scale: scale, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles) };
+    let ride = Ride { rank: r, side_prep: &side_prep, side_scale: 1.0, side: xa, ext_scale: scale, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles), token_sums: None };
     product(out, x, (tokens, k), n, &prep, &touch, Some(ride));
 }
 
@@ -152,14 +152,27 @@ pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16],
 /// A_lo]: [3r, cols]`, `b2 = [B_hi | B_lo]: [rows, 2r]`, bf16 bits):
 /// `dxa[tokens, r] = scale bf16(dy) B`, then `out = bf16(dy) W + dxa A`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn input_grad_lora(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, cols): (usize, usize), (a3, b2, r): (&[u16], &[u16], usize), scale: f32, dxa: &mut [f32]) {
+/// With `token_sums = Some((xa, dbt))` it also writes `dbt[r, rows] =
+/// xa^T bf16(dy)` (`r <= 32`, see [`token_sums`]).
+#[allow(clippy::type_complexity)]
+pub(super) fn input_grad_lora(
+    out: &mut [f32],
+    dy: &[f32],
+    tokens: usize,
+    w: &[u16],
+    (rows, cols): (usize, usize),
+    (a3, b2, r): (&[u16], &[u16], usize),
+    scale: f32,
+    dxa: &mut [f32],
+    token_sums: Option<(&[f32], &mut [f32])>,
+) {
     let (prep, side_prep, ext_prep) = (interleaved_panels(w, (rows, cols)), interleaved_panels(b2, (rows, 2 * r)), interleaved_panels(a3, (3 * r, cols)));
     let touch = |c0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
         for o in p0 + width * part / parts..p0 + width * (part + 1) / parts {
             prefetch_lines(&w[o * cols + c0..o * cols + cols.min(c0 + 2 * TM)]);
         }
     };
-    let ride = Ride { rank: r, side_prep: &side_prep, side_scale: scale, side: dxa, ext_scale: 1.0, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles) };
+    let ride = Ride { rank: r, side_prep: &side_prep, side_scale: scale, side: dxa, ext_scale: 1.0, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles), token_sums };
     product(out, dy, (tokens, rows), cols, &prep, &touch, Some(ride));
 }
 
@@ -408,6 +421,9 @@ pub(super) struct Ride<'a> {
     pub side: &'a mut [f32],
     pub ext_scale: f32,
     pub ext_prep: &'a (dyn Fn(usize, &mut [u16]) + Sync),
+    /// `(u: [m, r], out: [r, k])`: after the panels, `out = u^T x` from the
+    /// rounded activation still in tile order ([`token_sums`]).
+    pub token_sums: Option<(&'a [f32], &'a mut [f32])>,
 }
 
 /// `out[m, n] = bf16(x[m, k]) B` with the B tiles of the 32 columns from
@@ -483,8 +499,58 @@ fn product(
             }
             PANEL.set(panel_buf);
         });
+        if let Some((u, sums)) = ride.as_mut().and_then(|r| r.token_sums.as_mut()) {
+            token_sums(sums, u, a, (m, k), (kp, stride));
+        }
     }
     ACTIVATION.set(a_buf);
+}
+
+/// `out[r, k] = u^T x` for `u: [m, r]` (f32, r <= 32) and `x: [m, k]` as
+/// the rounded activation `a` holds it (`[mp / 32]` blocks of
+/// `stride / 32` tile pairs, the first `kp / 32` being `x`): a sum over
+/// tokens (LoRA's `dB^T = xa^T dY`) without another pass over the f32
+/// `x`. `u` is carried as two bf16 like the ride's other operands: the
+/// reduction runs over `2 mp` "tokens", `[u_hi; u_lo]` against `[x; x]`.
+/// Each 32-column panel of `out` interleaves row pairs of the blocks into
+/// B tiles.
+fn token_sums(out: &mut [f32], u: &[f32], a: &[u16], (m, k): (usize, usize), (kp, stride): (usize, usize)) {
+    let (r, mp) = (out.len() / k, m.next_multiple_of(2 * TM));
+    assert!(r <= 2 * TM && u.len() == m * r && out.len() == r * k);
+    // u^T as [r, 2 mp]: hi values, then their remainders, zero past m
+    let mut ut = vec![0.0f32; r * 2 * mp];
+    for (t, row) in u.chunks_exact(r).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            let hi = super::widen(super::round_bits(v));
+            (ut[j * 2 * mp + t], ut[j * 2 * mp + mp + t]) = (hi, v - hi);
+        }
+    }
+    let mut ut_tiles = TileBuf::default();
+    let ut_tiles = ut_tiles.resized(2 * TM * 2 * mp);
+    // SAFETY: AMX CPUs have AVX-512.
+    unsafe { round_block(ut_tiles, &ut, 2 * mp, (0, 2 * mp)) };
+    let ut_tiles = &*ut_tiles;
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..kp / TK).into_par_iter().for_each(|kb| {
+        let out_ptr = out_ptr;
+        let mut panel_buf = PANEL.take();
+        let panel = panel_buf.resized(2 * mp * 2 * TM);
+        for (kb2, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
+            let mb = kb2 % (mp / (2 * TM));
+            let blk = &a[mb * 2 * TM * stride + kb * 2 * TILE_U16..][..2 * TILE_U16];
+            // SAFETY: AMX CPUs have AVX-512; the block is a [32, 32] matrix.
+            unsafe { rows_interleaved(tiles, blk, (2 * TM, TK), 0, 0) };
+        }
+        let _tiles = Tiles::load();
+        // SAFETY: `ut_tiles` and `panel` hold 2 mp / 32 tile pairs each;
+        // `store` writes rows < r and columns kb * 32 .. (< k) of `out`,
+        // which only this panel writes.
+        unsafe {
+            block(ut_tiles.as_ptr(), 2 * mp, panel);
+            store(out_ptr.0, (r, k), 0, kb * TK, false);
+        }
+        PANEL.set(panel_buf);
+    });
 }
 
 /// The ride's side product from the rounded activation `a` (`[mp / 32]`

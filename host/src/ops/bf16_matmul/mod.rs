@@ -151,6 +151,17 @@ pub fn input_grad(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w:
     }
 }
 
+/// What a LoRA-carrying product did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carried {
+    /// Nothing (nothing written): the caller runs the branch itself.
+    No,
+    /// The branch; the caller computes `dB` (input gradient).
+    Branch,
+    /// The branch and `dB` (input gradient only).
+    BranchAndDb,
+}
+
 /// A LoRA branch `scale x A^T B^T` (`a: [rank, in]`, `b: [out, rank]`,
 /// f32) to carry on a frozen product ([`forward_lora`], [`input_grad_lora`]).
 #[derive(Clone, Copy)]
@@ -221,19 +232,41 @@ pub fn forward_lora(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w
 /// `out = bf16(dy) W + dxa A` with `dxa[tokens, r] = scale bf16(dy) B`
 /// written to `dxa` (the branch's operands as in [`forward_lora`]): the input
 /// gradient of the frozen product and of the LoRA branch in one pass (see
-/// [`forward_lora`]; `false` the same way).
-pub fn input_grad_lora(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w: Rows<'_>, lora: LoraFactors<'_>, dxa: &mut [f32]) -> bool {
+/// [`forward_lora`]; `false` the same way). With `db = Some((xa, db))`
+/// and a rank of at most 32 it also writes `db[out, r] = scale bf16(dY)^T
+/// xa` from the rounded `dY` the pass holds in tile order (`xa` as two
+/// bf16), and returns [`Carried::BranchAndDb`]; [`Carried::Branch`] leaves
+/// `db` to the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn input_grad_lora(
+    kernel: Kernel,
+    out: &mut [f32],
+    dy: &[f32],
+    tokens: usize,
+    w: Rows<'_>,
+    lora: LoraFactors<'_>,
+    dxa: &mut [f32],
+    db: Option<(&[f32], &mut [f32])>,
+) -> Carried {
     let (rows, cols) = (w.len, w.matrix.cols);
     assert!(dy.len() == tokens * rows && out.len() == tokens * cols, "bf16 input-gradient lengths");
     assert!(lora.a.len() == lora.rank * cols && lora.b.len() == rows * lora.rank, "LoRA factor lengths");
     #[cfg(target_arch = "x86_64")]
     if lora.carried(kernel, tokens, (cols, rows), dxa) && amx::one_pass(tokens, rows) {
+        let r = lora.rank;
+        let db = db.filter(|(xa, db)| r <= 32 && xa.len() == tokens * r && db.len() == rows * r);
+        let mut dbt = db.as_ref().map(|_| vec![0.0; r * rows]); // [r, out]
+        let token_sums = db.as_ref().zip(dbt.as_deref_mut()).map(|((xa, _), dbt)| (*xa, dbt));
         let (a3, b2) = lora.input_grad_bits();
-        amx::input_grad_lora(out, dy, tokens, w.bits(), (rows, cols), (&a3, &b2, lora.rank), lora.scale, dxa);
-        return true;
+        amx::input_grad_lora(out, dy, tokens, w.bits(), (rows, cols), (&a3, &b2, r), lora.scale, dxa, token_sums);
+        if let (Some((_, db)), Some(dbt)) = (db, dbt) {
+            db.iter_mut().enumerate().for_each(|(e, v)| *v = lora.scale * dbt[(e % r) * rows + e / r]);
+            return Carried::BranchAndDb;
+        }
+        return Carried::Branch;
     }
-    let _ = (kernel, dxa);
-    false
+    let _ = (kernel, dxa, db);
+    Carried::No
 }
 
 /// bf16 bits of `v`, rounded to nearest even; NaN stays a (quiet) NaN.
@@ -415,7 +448,20 @@ mod tests {
 
                 let dy = values(tokens * out_f, 0.53, 0.8);
                 let (mut dx, mut dxa) = (vec![f32::NAN; tokens * in_f], vec![f32::NAN; tokens * rank]);
-                assert!(input_grad_lora(Kernel::Amx, &mut dx, &dy, tokens, w, lora, &mut dxa));
+                let mut db = vec![f32::NAN; out_f * rank];
+                let carried = input_grad_lora(Kernel::Amx, &mut dx, &dy, tokens, w, lora, &mut dxa, Some((&xa, &mut db)));
+                assert_eq!(carried, if rank <= 32 { Carried::BranchAndDb } else { Carried::Branch });
+                if rank <= 32 {
+                    // db[o][j] = 1.75 sum_t bf16(dy[t][o]) split(xa[t][j])
+                    let want_db: Vec<(f64, f64)> = (0..out_f * rank)
+                        .map(|e| {
+                            let (o, j) = (e / rank, e % rank);
+                            let terms = (0..tokens).map(|t| 1.75 * r16(dy[t * out_f + o]) * split(xa[t * rank + j]));
+                            terms.fold((0.0, 0.0), |(s, mag), p| (s + p, mag + p.abs()))
+                        })
+                        .collect();
+                    assert_close(&db, &want_db, &format!("db {tokens}x{out_f} r{rank}"));
+                }
                 let want_dxa = reference_split(&dy, tokens, out_f, |o, j| b[o * rank + j], rank, 1.75);
                 assert_close(&dxa, &want_dxa, "dxa");
                 let frozen = reference(&dy, tokens, out_f, w_at, in_f);
