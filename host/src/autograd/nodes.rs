@@ -350,11 +350,12 @@ impl Tape {
 
     /// The frozen product and its LoRA branch in one node:
     /// `x W^T + scaling * drop(x) a^T b^T`, `x: [.., in] -> [.., out]`,
-    /// `a: [r, in]`, `b: [out, r]`. Gives bit-for-bit what
-    /// [`Tape::projection`] followed by [`Tape::lora_add`] gives, with the
-    /// branch run while the product is in flight (the forward's input half
-    /// `xa`, the whole backward); the forward's `s xa b^T` is added into
-    /// the product's output afterwards.
+    /// `a: [r, in]`, `b: [out, r]`. When the projection carries the branch
+    /// on its own pass ([`Projection::apply_carrying_lora`]) it does; else
+    /// this gives bit-for-bit what [`Tape::projection`] followed by
+    /// [`Tape::lora_add`] gives, with the branch run while the product is
+    /// in flight (the forward's input half `xa`, the whole backward) and
+    /// the forward's `s xa b^T` added into the product's output afterwards.
     pub fn projection_lora(&mut self, x: Var, proj: &Arc<dyn Projection>, a: Var, b: Var, scaling: f32, dropout: Option<Dropout>) -> Result<Var> {
         let _time = super::profile::timer("proj+lora", true);
         let info = proj.info();

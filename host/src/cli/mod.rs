@@ -47,7 +47,6 @@ enum Command {
     Report(report::Args),
 }
 
-/// Parses arguments, runs the subcommand, prints errors in one line.
 /// Runs `f` on a worker of rayon's global pool. Called from `main`, every
 /// parallel section would be injected into the pool from outside, `main`
 /// sleeping until the workers finish: with RAYON_NUM_THREADS=2 that is
@@ -61,6 +60,7 @@ fn on_rayon_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
+/// Parses arguments, runs the subcommand, prints errors in one line.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {

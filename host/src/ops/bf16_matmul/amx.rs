@@ -96,6 +96,11 @@ impl Drop for Tiles {
 
 /// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` row-major bits.
 pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
+    forward_riding(out, x, tokens, w, (n, k), None);
+}
+
+/// [`forward`] with an optional LoRA ride.
+fn forward_riding(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), ride: Option<Ride<'_>>) {
     let prep = transposed_panels(w, (n, k));
     // the panel reads columns p0 .. p0 + width of rows n0 .. n0 + 32
     let touch = |n0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
@@ -104,7 +109,7 @@ pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: u
             prefetch_lines(&w[o * k + p0..o * k + p0 + width]);
         }
     };
-    product(out, x, (tokens, k), n, &prep, &touch, None);
+    product(out, x, (tokens, k), n, &prep, &touch, ride);
 }
 
 /// The forward's panel layout of `w: [n, k]` bits (`B[p][j] = W[j][p]`):
@@ -137,24 +142,17 @@ fn interleaved_panels(w: &[u16], (rows, cols): (usize, usize)) -> impl Fn(usize,
 /// `xa[tokens, r] = bf16(x) A^T`, then `out = bf16(x) W^T + scale xa B^T`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), (a2, b3, r): (&[u16], &[u16], usize), scale: f32, xa: &mut [f32]) {
-    let (prep, side_prep, ext_prep) = (transposed_panels(w, (n, k)), transposed_panels(a2, (2 * r, k)), transposed_panels(b3, (n, 3 * r)));
-    let touch = |n0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
-        let end = n.min(n0 + 2 * TM);
-        for o in n0 + (end - n0) * part / parts..n0 + (end - n0) * (part + 1) / parts {
-            prefetch_lines(&w[o * k + p0..o * k + p0 + width]);
-        }
-    };
+    let (side_prep, ext_prep) = (transposed_panels(a2, (2 * r, k)), transposed_panels(b3, (n, 3 * r)));
     let ride = Ride { rank: r, side_prep: &side_prep, side_scale: 1.0, side: xa, ext_scale: scale, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles), token_sums: None };
-    product(out, x, (tokens, k), n, &prep, &touch, Some(ride));
+    forward_riding(out, x, tokens, w, (n, k), Some(ride));
 }
 
 /// [`input_grad`] carrying a LoRA branch (see [`Ride`]; `a3 = [A_hi; A_hi;
 /// A_lo]: [3r, cols]`, `b2 = [B_hi | B_lo]: [rows, 2r]`, bf16 bits):
 /// `dxa[tokens, r] = scale bf16(dy) B`, then `out = bf16(dy) W + dxa A`.
-#[allow(clippy::too_many_arguments)]
 /// With `token_sums = Some((xa, dbt))` it also writes `dbt[r, rows] =
 /// xa^T bf16(dy)` (`r <= 32`, see [`token_sums`]).
-#[allow(clippy::type_complexity)]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub(super) fn input_grad_lora(
     out: &mut [f32],
     dy: &[f32],
@@ -166,14 +164,9 @@ pub(super) fn input_grad_lora(
     dxa: &mut [f32],
     token_sums: Option<(&[f32], &mut [f32])>,
 ) {
-    let (prep, side_prep, ext_prep) = (interleaved_panels(w, (rows, cols)), interleaved_panels(b2, (rows, 2 * r)), interleaved_panels(a3, (3 * r, cols)));
-    let touch = |c0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
-        for o in p0 + width * part / parts..p0 + width * (part + 1) / parts {
-            prefetch_lines(&w[o * cols + c0..o * cols + cols.min(c0 + 2 * TM)]);
-        }
-    };
+    let (side_prep, ext_prep) = (interleaved_panels(b2, (rows, 2 * r)), interleaved_panels(a3, (3 * r, cols)));
     let ride = Ride { rank: r, side_prep: &side_prep, side_scale: scale, side: dxa, ext_scale: 1.0, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles), token_sums };
-    product(out, dy, (tokens, rows), cols, &prep, &touch, Some(ride));
+    input_grad_riding(out, dy, tokens, w, (rows, cols), Some(ride));
 }
 
 /// Whether a product with reduction `k` over `m` rows runs in one pass (the
@@ -184,6 +177,11 @@ pub(super) fn one_pass(m: usize, k: usize) -> bool {
 
 /// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
 pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
+    input_grad_riding(out, dy, tokens, w, (rows, cols), None);
+}
+
+/// [`input_grad`] with an optional LoRA ride.
+fn input_grad_riding(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, cols): (usize, usize), ride: Option<Ride<'_>>) {
     let prep = interleaved_panels(w, (rows, cols));
     // the panel is a 32-column strip of rows p0 .. p0 + width of W
     let touch = |c0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
@@ -191,7 +189,7 @@ pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], 
             prefetch_lines(&w[o * cols + c0..o * cols + cols.min(c0 + 2 * TM)]);
         }
     };
-    product(out, dy, (tokens, rows), cols, &prep, &touch, None);
+    product(out, dy, (tokens, rows), cols, &prep, &touch, ride);
 }
 
 /// Asks for the cache lines of `v` to be brought into L2 (no fault, no wait).
@@ -329,6 +327,12 @@ impl TileBuf {
         self.0.resize(len / TK, Line([0; TK]));
         // SAFETY: `len / 32` lines of 32 u16 each, no padding (repr C).
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u16>(), len) }
+    }
+
+    /// All values.
+    fn as_slice(&self) -> &[u16] {
+        // SAFETY: as in `resized`.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast::<u16>(), self.0.len() * TK) }
     }
 }
 
@@ -521,8 +525,7 @@ fn token_sums(out: &mut [f32], u: &[f32], a: &[u16], (m, k): (usize, usize), (kp
     let mut ut = vec![0.0f32; r * 2 * mp];
     for (t, row) in u.chunks_exact(r).enumerate() {
         for (j, &v) in row.iter().enumerate() {
-            let hi = super::widen(super::round_bits(v));
-            (ut[j * 2 * mp + t], ut[j * 2 * mp + mp + t]) = (hi, v - hi);
+            (ut[j * 2 * mp + t], ut[j * 2 * mp + mp + t]) = super::split(v);
         }
     }
     let mut ut_tiles = TileBuf::default();
@@ -558,12 +561,11 @@ fn token_sums(out: &mut [f32], u: &[f32], a: &[u16], (m, k): (usize, usize), (kp
 /// its extra columns into the blocks' last `stride - kp` columns.
 fn side_product(a: &mut [u16], (kp, stride): (usize, usize), ride: &mut Ride<'_>) {
     let r = ride.rank;
-    let mut panel_buf = TileBuf::default();
-    let panels: Vec<Vec<Line>> = (0..(2 * r).div_ceil(2 * TM))
+    let panels: Vec<TileBuf> = (0..(2 * r).div_ceil(2 * TM))
         .map(|sp| {
-            let panel = panel_buf.resized(kp * 2 * TM);
-            (ride.side_prep)(sp * 2 * TM, 0, panel);
-            panel_buf.0.clone()
+            let mut panel = TileBuf::default();
+            (ride.side_prep)(sp * 2 * TM, 0, panel.resized(kp * 2 * TM));
+            panel
         })
         .collect();
     let (scale, ext_scale) = (ride.side_scale, ride.ext_scale);
@@ -577,8 +579,7 @@ fn side_product(a: &mut [u16], (kp, stride): (usize, usize), ride: &mut Ride<'_>
                 // SAFETY: a one-pass block of kp / 32 tile pairs and a panel
                 // of as many; `store` writes rows < `rows` of `both`.
                 unsafe {
-                    let panel = std::slice::from_raw_parts(panel.as_ptr().cast::<u16>(), kp * 2 * TM);
-                    block(blk.as_ptr(), kp, panel);
+                    block(blk.as_ptr(), kp, panel.as_slice());
                     store(both.as_mut_ptr(), (rows, 2 * r), 0, sp * 2 * TM, false);
                 }
             }
@@ -587,9 +588,8 @@ fn side_product(a: &mut [u16], (kp, stride): (usize, usize), ride: &mut Ride<'_>
         for ((v, halves), e) in side.chunks_exact_mut(r).zip(both.chunks_exact(2 * r)).zip(ext.chunks_exact_mut(3 * r)) {
             for j in 0..r {
                 v[j] = scale * (halves[j] + halves[r + j]);
-                let h = ext_scale * v[j];
-                let hi = super::widen(super::round_bits(h));
-                (e[j], e[r + j], e[2 * r + j]) = (hi, h - hi, hi);
+                let (hi, lo) = super::split(ext_scale * v[j]);
+                (e[j], e[r + j], e[2 * r + j]) = (hi, lo, hi);
             }
         }
         // SAFETY: AMX CPUs have AVX-512.

@@ -181,7 +181,7 @@ impl LoraFactors<'_> {
     /// (see `amx::Ride`).
     #[cfg(target_arch = "x86_64")]
     fn forward_bits(&self) -> (Vec<u16>, Vec<u16>) {
-        let (hi, lo) = (|v: &f32| round_bits(*v), |v: &f32| round_bits(v - widen(round_bits(*v))));
+        let (hi, lo) = (|v: &f32| round_bits(*v), |v: &f32| round_bits(split(*v).1));
         let a2 = self.a.iter().map(hi).chain(self.a.iter().map(lo)).collect();
         let b3 = self.b.chunks_exact(self.rank).flat_map(|row| row.iter().map(hi).chain(row.iter().map(hi)).chain(row.iter().map(lo))).collect();
         (a2, b3)
@@ -191,19 +191,19 @@ impl LoraFactors<'_> {
     /// gradient.
     #[cfg(target_arch = "x86_64")]
     fn input_grad_bits(&self) -> (Vec<u16>, Vec<u16>) {
-        let (hi, lo) = (|v: &f32| round_bits(*v), |v: &f32| round_bits(v - widen(round_bits(*v))));
+        let (hi, lo) = (|v: &f32| round_bits(*v), |v: &f32| round_bits(split(*v).1));
         let a3 = self.a.iter().map(hi).chain(self.a.iter().map(hi)).chain(self.a.iter().map(lo)).collect();
         let b2 = self.b.chunks_exact(self.rank).flat_map(|row| row.iter().map(hi).chain(row.iter().map(lo))).collect();
         (a3, b2)
     }
 
-    /// Whether the AMX kernel can carry this branch on a `[tokens, k]`
-    /// reduction with `out` columns: the shapes fit and the reduction runs
-    /// in one pass.
+    /// Whether the AMX kernel can carry this branch on a product over
+    /// `tokens` rows with a `reduction` and `width` output columns: nothing
+    /// is empty, `side` is `[tokens, r]`, and the reduction runs in one pass.
     #[cfg(target_arch = "x86_64")]
-    fn carried(&self, kernel: Kernel, tokens: usize, (k_in, k_out): (usize, usize), side: &[f32]) -> bool {
-        let fits = self.rank > 0 && tokens > 0 && k_in > 0 && k_out > 0 && side.len() == tokens * self.rank;
-        kernel == Kernel::Amx && amx::available() && fits
+    fn carried(&self, kernel: Kernel, tokens: usize, (reduction, width): (usize, usize), side: &[f32]) -> bool {
+        let fits = self.rank > 0 && tokens > 0 && reduction > 0 && width > 0 && side.len() == tokens * self.rank;
+        kernel == Kernel::Amx && amx::available() && fits && amx::one_pass(tokens, reduction)
     }
 }
 
@@ -220,7 +220,7 @@ pub fn forward_lora(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w
     assert!(x.len() == tokens * k && out.len() == tokens * n, "bf16 forward lengths");
     assert!(lora.a.len() == lora.rank * k && lora.b.len() == n * lora.rank, "LoRA factor lengths");
     #[cfg(target_arch = "x86_64")]
-    if lora.carried(kernel, tokens, (k, n), xa) && amx::one_pass(tokens, k) {
+    if lora.carried(kernel, tokens, (k, n), xa) {
         let (a2, b3) = lora.forward_bits();
         amx::forward_lora(out, x, tokens, w.bits(), (n, k), (&a2, &b3, lora.rank), lora.scale, xa);
         return true;
@@ -252,7 +252,7 @@ pub fn input_grad_lora(
     assert!(dy.len() == tokens * rows && out.len() == tokens * cols, "bf16 input-gradient lengths");
     assert!(lora.a.len() == lora.rank * cols && lora.b.len() == rows * lora.rank, "LoRA factor lengths");
     #[cfg(target_arch = "x86_64")]
-    if lora.carried(kernel, tokens, (cols, rows), dxa) && amx::one_pass(tokens, rows) {
+    if lora.carried(kernel, tokens, (rows, cols), dxa) {
         let r = lora.rank;
         let db = db.filter(|(xa, db)| r <= 32 && xa.len() == tokens * r && db.len() == rows * r);
         let mut dbt = db.as_ref().map(|_| vec![0.0; r * rows]); // [r, out]
@@ -288,6 +288,16 @@ pub fn round_bits(v: f32) -> u16 {
 #[inline]
 fn widen(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)
+}
+
+/// `(bf16(v), v - bf16(v))`, both as f32 (the remainder is exact): the
+/// two halves in which the LoRA-carrying kernels hold a branch operand to
+/// ~16 bits once the remainder is rounded too.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn split(v: f32) -> (f32, f32) {
+    let hi = widen(round_bits(v));
+    (hi, v - hi)
 }
 
 /// `*mut f32` shared by the panels of one product; each panel writes a
