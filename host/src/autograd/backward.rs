@@ -84,6 +84,6 @@ fn rebuild_inputs(node: &Node, values: &mut [Tensor], nodes: &[Node], rebuild: &
 fn accumulate(slot: &mut Option<Tensor>, grad: Tensor) {
     match slot {
         None => *slot = Some(grad),
-        Some(acc) => acc.data.iter_mut().zip(&grad.data).for_each(|(a, g)| *a += g),
+        Some(acc) => crate::tensor::add_assign(&mut acc.data, &grad.data),
     }
 }

@@ -451,7 +451,7 @@ impl Tape {
         let _time = super::profile::timer("add", true);
         same_shape("add", self.value(a), self.value(b))?;
         let mut y = self.value(a).clone();
-        y.data.iter_mut().zip(&self.value(b).data).for_each(|(y, b)| *y += b);
+        crate::tensor::add_assign(&mut y.data, &self.value(b).data);
         Ok(self.push(NodeKind::Add, &[a, b], y))
     }
 

@@ -5,6 +5,7 @@
 //!
 //! RoPE is a rotation, so its backward is the same function with the angle
 //! negated ([`rope_apply`] with `inverse = true`); nothing is saved.
+use rayon::prelude::*;
 use crate::ops::activation::simd_fn;
 use std::sync::{Arc, Mutex};
 
@@ -123,10 +124,13 @@ pub fn rope_apply(x: &mut [f32], positions: &[usize], heads: usize, head_dim: us
         return;
     }
     let table = angle_table(inv_freq, max_pos);
-    for (row, &pos) in x.chunks_exact_mut(heads * head_dim).zip(positions) {
-        let at = pos * half;
-        rotate_row(row, head_dim, &table.cos[at..at + half], &table.sin[at..at + half], inverse);
-    }
+    // rows are independent; 16 per rayon task
+    x.par_chunks_mut(16 * heads * head_dim).zip(positions.par_chunks(16)).for_each(|(rows, positions)| {
+        for (row, &pos) in rows.chunks_exact_mut(heads * head_dim).zip(positions) {
+            let at = pos * half;
+            rotate_row(row, head_dim, &table.cos[at..at + half], &table.sin[at..at + half], inverse);
+        }
+    });
 }
 
 simd_fn! {

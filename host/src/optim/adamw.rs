@@ -1,5 +1,6 @@
 //! AdamW (decoupled weight decay, bias correction), in PyTorch's operation
 //! order (`torch.optim.AdamW`, non-fused, non-amsgrad) so results track it.
+use rayon::prelude::*;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
@@ -61,7 +62,10 @@ impl AdamW {
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2_sqrt = (1.0 - c.beta2.powi(self.step as i32)).sqrt();
         let step_size = lr / bc1;
-        for (((p, g), m), v) in params.iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v) {
+        // Tensors in parallel: every element's update is independent, so the
+        // result does not depend on the split.
+        let tensors = params.par_iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v);
+        tensors.for_each(|(((p, g), m), v)| {
             for (((p, &g), m), v) in p.data.iter_mut().zip(&g.data).zip(&mut m.data).zip(&mut v.data) {
                 *p *= 1.0 - lr * c.weight_decay;
                 *m += (g - *m) * (1.0 - c.beta1);
@@ -69,7 +73,7 @@ impl AdamW {
                 let denom = v.sqrt() / bc2_sqrt + c.eps;
                 *p -= step_size * *m / denom;
             }
-        }
+        });
         Ok(())
     }
 }

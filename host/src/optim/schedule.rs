@@ -47,10 +47,14 @@ impl Schedule {
 /// `clip_grad_norm_`: coefficient `max_norm / (norm + 1e-6)`); returns the
 /// norm before clipping. The sum of squares runs in f64 in a fixed order.
 pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f32) -> f32 {
-    let total = grads.iter().flat_map(|g| &g.data).map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() as f32;
+    use rayon::prelude::*;
+    // per-tensor sums in parallel, then added in tensor order: the same
+    // bits whatever the thread count
+    let sums: Vec<f64> = grads.par_iter().map(|g| g.data.iter().map(|&v| v as f64 * v as f64).sum::<f64>()).collect();
+    let total = sums.iter().sum::<f64>().sqrt() as f32;
     let coef = max_norm / (total + 1e-6);
     if coef < 1.0 {
-        grads.iter_mut().flat_map(|g| &mut g.data).for_each(|v| *v *= coef);
+        grads.par_iter_mut().for_each(|g| g.data.iter_mut().for_each(|v| *v *= coef));
     }
     total
 }

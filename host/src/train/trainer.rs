@@ -167,7 +167,7 @@ fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: 
         tokens += batch.input_ids.iter().map(|r| r.len() as u64).sum::<u64>();
         for (g, v) in sums.iter_mut().zip(order.iter().flat_map(|&(a, b)| [a, b])) {
             match (g.as_mut(), tape.take_grad(v)) {
-                (Some(g), Some(d)) => g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d),
+                (Some(g), Some(d)) => crate::tensor::add_assign(&mut g.data, &d.data),
                 // 0 + d, as summing into zeros did (turns -0.0 into +0.0)
                 (None, Some(mut d)) => {
                     d.data.iter_mut().for_each(|v| *v += 0.0);
