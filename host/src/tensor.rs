@@ -34,12 +34,33 @@ pub fn add_assign(acc: &mut [f32], g: &[f32]) {
 }
 
 /// Dense row-major f32 tensor.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Tensor {
     /// Dimensions, outermost first (PyTorch order).
     pub shape: Vec<usize>,
     /// `shape.iter().product()` values, row-major.
     pub data: Vec<f32>,
+}
+
+/// Large tensors are copied by the rayon pool: the tape clones
+/// activations (residual adds, RoPE, the adapter's factors), and serial
+/// copies left the other core idle for ~3% of a training step.
+impl Clone for Tensor {
+    fn clone(&self) -> Self {
+        use rayon::prelude::*;
+        const SERIAL: usize = 1 << 16;
+        if self.data.len() < SERIAL {
+            return Tensor { shape: self.shape.clone(), data: self.data.clone() };
+        }
+        let mut data = Vec::with_capacity(self.data.len());
+        let spare = &mut data.spare_capacity_mut()[..self.data.len()];
+        spare.par_chunks_mut(SERIAL).zip(self.data.par_chunks(SERIAL)).for_each(|(d, s)| {
+            d.iter_mut().zip(s).for_each(|(d, &s)| *d = std::mem::MaybeUninit::new(s));
+        });
+        // SAFETY: every element up to the length was just written.
+        unsafe { data.set_len(self.data.len()) };
+        Tensor { shape: self.shape.clone(), data }
+    }
 }
 
 impl Tensor {

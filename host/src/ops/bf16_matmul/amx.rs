@@ -321,10 +321,14 @@ struct TileBuf(Vec<Line>);
 
 impl TileBuf {
     /// The first `len` values (a multiple of 32), grown if needed; old
-    /// contents are left as they were.
+    /// contents are left as they were. Never shrinks: products of
+    /// different shapes alternate, and growing back zeroed the tail each
+    /// time (~1% of a training step, serial).
     fn resized(&mut self, len: usize) -> &mut [u16] {
         debug_assert!(len.is_multiple_of(TK));
-        self.0.resize(len / TK, Line([0; TK]));
+        if self.0.len() < len / TK {
+            self.0.resize(len / TK, Line([0; TK]));
+        }
         // SAFETY: `len / 32` lines of 32 u16 each, no padding (repr C).
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u16>(), len) }
     }

@@ -23,6 +23,8 @@
 //! is summed by one thread in a fixed order, so results do not depend on
 //! the thread count.
 use half::bf16;
+#[cfg(target_arch = "x86_64")]
+use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -181,14 +183,16 @@ impl LoraFactors<'_> {
     /// (see `amx::Ride`).
     #[cfg(target_arch = "x86_64")]
     fn forward_bits(&self) -> (Vec<u16>, Vec<u16>) {
-        (halves_stacked(self.a, &[0, 1]), halves_side_by_side(self.b, self.rank, &[0, 0, 1]))
+        let ((a_hi, a_lo), (b_hi, b_lo)) = (hi_lo_bits(self.a), hi_lo_bits(self.b));
+        ([a_hi, a_lo].concat(), side_by_side(&[&b_hi, &b_hi, &b_lo], self.rank))
     }
 
     /// `([A_hi; A_hi; A_lo], [B_hi | B_lo])` as bf16 bits, for the input
     /// gradient.
     #[cfg(target_arch = "x86_64")]
     fn input_grad_bits(&self) -> (Vec<u16>, Vec<u16>) {
-        (halves_stacked(self.a, &[0, 0, 1]), halves_side_by_side(self.b, self.rank, &[0, 1]))
+        let ((a_hi, a_lo), (b_hi, b_lo)) = (hi_lo_bits(self.a), hi_lo_bits(self.b));
+        ([&a_hi[..], &a_hi, &a_lo].concat(), side_by_side(&[&b_hi, &b_lo], self.rank))
     }
 
     /// Whether the AMX kernel can carry this branch on a product over
@@ -298,44 +302,34 @@ fn split(v: f32) -> (f32, f32) {
     (hi, v - hi)
 }
 
-/// `(hi, lo)` bf16 bits of `v`'s two halves ([`split`]).
+/// `(hi, lo)`: the bf16 bits of every value of `m` and of its remainder
+/// ([`split`]). This runs before every carried product, on the rayon pool
+/// (serially, per value, it was ~3% of a training step with the other
+/// core idle); chunks map slice to slice, so they vectorize.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-fn split_bits(v: f32) -> [u16; 2] {
-    let hi = round_bits(v);
-    [hi, round_bits(v - widen(hi))]
+fn hi_lo_bits(m: &[f32]) -> (Vec<u16>, Vec<u16>) {
+    const CHUNK: usize = 4096;
+    let (mut hi, mut lo) = (vec![0u16; m.len()], vec![0u16; m.len()]);
+    hi.par_chunks_mut(CHUNK).zip(lo.par_chunks_mut(CHUNK)).zip(m.par_chunks(CHUNK)).for_each(|((hi, lo), m)| {
+        hi.iter_mut().zip(m).for_each(|(h, &v)| *h = round_bits(v));
+        lo.iter_mut().zip(m).zip(hi.iter()).for_each(|((l, &v), &h)| *l = round_bits(v - widen(h)));
+    });
+    (hi, lo)
 }
 
-/// `m` (`[rows, c]`) stacked once per entry of `which` (0 = the bf16 bits
-/// of each value, 1 = of its remainder): `[rows * which.len(), c]`.
-/// Plain indexed loops, one split per value: this runs serially before
-/// every carried product (as iterator chains it took ~0.2 ms per call).
+/// Row `i` of every part (`[rows, r]` each) side by side:
+/// `[rows, r * parts.len()]`.
 #[cfg(target_arch = "x86_64")]
-fn halves_stacked(m: &[f32], which: &[usize]) -> Vec<u16> {
-    let mut out = vec![0u16; m.len() * which.len()];
-    for (i, &v) in m.iter().enumerate() {
-        let h = split_bits(v);
-        for (copy, &half) in which.iter().enumerate() {
-            out[copy * m.len() + i] = h[half];
+fn side_by_side(parts: &[&[u16]], r: usize) -> Vec<u16> {
+    const ROWS: usize = 256;
+    let w = r * parts.len();
+    let mut out = vec![0u16; parts[0].len() * parts.len()];
+    out.par_chunks_mut(ROWS * w).enumerate().for_each(|(c, out)| {
+        for (i, dst) in out.chunks_exact_mut(w).enumerate() {
+            let row = (c * ROWS + i) * r;
+            dst.chunks_exact_mut(r).zip(parts).for_each(|(d, p)| d.copy_from_slice(&p[row..row + r]));
         }
-    }
-    out
-}
-
-/// Each row of `m` (`[rows, r]`) repeated side by side once per entry of
-/// `which` (as in [`halves_stacked`]): `[rows, r * which.len()]`.
-#[cfg(target_arch = "x86_64")]
-fn halves_side_by_side(m: &[f32], r: usize, which: &[usize]) -> Vec<u16> {
-    let w = r * which.len();
-    let mut out = vec![0u16; m.len() * which.len()];
-    for (row, dst) in m.chunks_exact(r).zip(out.chunks_exact_mut(w)) {
-        for (j, &v) in row.iter().enumerate() {
-            let h = split_bits(v);
-            for (copy, &half) in which.iter().enumerate() {
-                dst[copy * r + j] = h[half];
-            }
-        }
-    }
+    });
     out
 }
 
