@@ -203,7 +203,54 @@ pub fn matmul_unpacked(
     }
     assert!(lhs.len() > (m - 1) * rs + (k - 1) * cs, "matmul_unpacked lhs length");
     assert!(rhs.len() >= k * n, "matmul_unpacked rhs length");
-    let p = Unpacked { out: out.as_mut_ptr(), lhs: lhs.as_ptr(), rs, cs, rhs: rhs.as_ptr(), m, k, n, scale, accumulate };
+    let p = Unpacked { out: out.as_mut_ptr(), lhs: lhs.as_ptr(), rs, cs, rhs: rhs.as_ptr(), m, k, n, rhs_stride: n, out_stride: n, scale, accumulate };
+    // SAFETY: checked above.
+    unsafe { run_unpacked(p) }
+}
+
+/// [`matmul_unpacked`] over a block of columns: `out[i * out_stride + j] =
+/// scale * sum_p lhs[i * rs + p * cs] * rhs[p * rhs_stride + j]` for
+/// `i < m`, `j < n`, where `rhs` and `out` are row-major and wider than
+/// `n` (the same arithmetic and bits as [`matmul_unpacked`] without
+/// `accumulate`). `out` is a raw pointer so that parallel column blocks of
+/// one matrix can each write their own.
+///
+/// # Safety
+/// `out.add(i * out_stride + j)` for `i < m`, `j < n` is valid for writes
+/// and written by no one else during the call.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_unpacked_columns(
+    out: *mut f32,
+    out_stride: usize,
+    lhs: &[f32],
+    (rs, cs): (usize, usize),
+    rhs: &[f32],
+    rhs_stride: usize,
+    (m, k, n): (usize, usize, usize),
+    scale: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(n <= out_stride && n <= rhs_stride, "matmul_unpacked_columns strides");
+    if k == 0 {
+        // SAFETY: the caller's contract, row by row.
+        (0..m).for_each(|i| unsafe { std::slice::from_raw_parts_mut(out.add(i * out_stride), n).fill(0.0) });
+        return;
+    }
+    assert!(lhs.len() > (m - 1) * rs + (k - 1) * cs, "matmul_unpacked_columns lhs length");
+    assert!(rhs.len() >= (k - 1) * rhs_stride + n, "matmul_unpacked_columns rhs length");
+    let p = Unpacked { out, lhs: lhs.as_ptr(), rs, cs, rhs: rhs.as_ptr(), m, k, n, rhs_stride, out_stride, scale, accumulate: false };
+    // SAFETY: `lhs`, `rhs` checked above, `out` by the caller; the tiles
+    // write only columns < n of each row.
+    unsafe { run_unpacked(p) }
+}
+
+/// The AVX-512 tiles where the CPU has them, else the portable ones.
+///
+/// # Safety
+/// `p` describes valid, exclusively borrowed buffers (see [`Unpacked`]).
+unsafe fn run_unpacked(p: Unpacked) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the features are present; the asserts bound every index
@@ -214,9 +261,10 @@ pub fn matmul_unpacked(
     unsafe { tiles(p) }
 }
 
-/// Arguments of [`matmul_unpacked`] after its checks: `out` is `m * n` long
-/// and exclusively borrowed, `lhs` covers `(m-1) * rs + (k-1) * cs`, `rhs`
-/// covers `k * n`.
+/// Arguments of [`matmul_unpacked`] after its checks: `out` covers `m`
+/// rows of `out_stride` (`n` used) and is exclusively borrowed, `lhs`
+/// covers `(m-1) * rs + (k-1) * cs`, `rhs` covers `k` rows of
+/// `rhs_stride` (`n` used).
 #[derive(Clone, Copy)]
 struct Unpacked {
     out: *mut f32,
@@ -227,6 +275,9 @@ struct Unpacked {
     m: usize,
     k: usize,
     n: usize,
+    /// Row strides of `rhs` and `out` (`n` when contiguous).
+    rhs_stride: usize,
+    out_stride: usize,
     scale: f32,
     accumulate: bool,
 }
@@ -276,7 +327,7 @@ unsafe fn tile<const MR: usize, const NV: usize, const FULL: bool>(p: Unpacked, 
     let mut acc = [[[0f32; LANES]; NV]; MR];
     let row_off: [usize; MR] = std::array::from_fn(|i| (i0 + if FULL { i } else { i.min(rows - 1) }) * p.rs);
     for q in 0..p.k {
-        let src = p.rhs.add(q * p.n + j0);
+        let src = p.rhs.add(q * p.rhs_stride + j0);
         let mut b = [[0f32; LANES]; NV];
         if FULL {
             b = std::ptr::read_unaligned(src.cast::<[[f32; LANES]; NV]>());
@@ -295,7 +346,7 @@ unsafe fn tile<const MR: usize, const NV: usize, const FULL: bool>(p: Unpacked, 
         }
     }
     for (i, acc) in acc.iter().enumerate().take(rows) {
-        let dst = p.out.add((i0 + i) * p.n + j0);
+        let dst = p.out.add((i0 + i) * p.out_stride + j0);
         for c in 0..cols {
             let r = p.scale * acc[c / LANES][c % LANES];
             *dst.add(c) = if p.accumulate { *dst.add(c) + r } else { r };
@@ -354,7 +405,7 @@ mod avx512 {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         let row_off: [usize; MR] = std::array::from_fn(|i| (i0 + i.min(rows - 1)) * p.rs);
         for q in 0..p.k {
-            let src = p.rhs.add(q * p.n + j0);
+            let src = p.rhs.add(q * p.rhs_stride + j0);
             let b: [__m512; NV] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], src.add(v * LANES)));
             let lhs = p.lhs.add(q * p.cs);
             for i in 0..MR {
@@ -366,7 +417,7 @@ mod avx512 {
         }
         let scale = _mm512_set1_ps(p.scale);
         for (i, acc) in acc.iter().enumerate().take(rows) {
-            let dst = p.out.add((i0 + i) * p.n + j0);
+            let dst = p.out.add((i0 + i) * p.out_stride + j0);
             for v in 0..NV {
                 let dst = dst.add(v * LANES);
                 let mut r = _mm512_mul_ps(scale, acc[v]);
