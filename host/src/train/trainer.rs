@@ -187,12 +187,15 @@ fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: 
         None => clip_grad_norm(&mut grads, f32::INFINITY),
     };
     let lr = config.schedule.lr_at(state.step());
-    let mut params: Vec<Tensor> = state.adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
-    state.adamw.update(&mut params, &grads, lr)?;
+    // The factors move out and back (not cloned: 18 MB per step at r16).
+    let take = |t: &mut Tensor| std::mem::replace(t, Tensor::zeros(&[0]));
+    let mut params: Vec<Tensor> = state.adapter.modules.iter_mut().flat_map(|m| [take(&mut m.a), take(&mut m.b)]).collect();
+    let updated = state.adamw.update(&mut params, &grads, lr);
     for (m, pair) in state.adapter.modules.iter_mut().zip(params.chunks_exact_mut(2)) {
-        m.a = std::mem::replace(&mut pair[0], Tensor::zeros(&[0]));
-        m.b = std::mem::replace(&mut pair[1], Tensor::zeros(&[0]));
+        m.a = take(&mut pair[0]);
+        m.b = take(&mut pair[1]);
     }
+    updated?;
     state.cursor += accum as u64;
     Ok(StepRecord { step: state.step(), loss, lr, grad_norm, tokens, seconds: start.elapsed().as_secs_f64() })
 }
