@@ -33,6 +33,25 @@ pub fn add_assign(acc: &mut [f32], g: &[f32]) {
     }
 }
 
+/// `a[i] + b[i]` in a new vector, in one pass (large slices on the rayon
+/// pool; elements are independent, so the bits do not depend on the split).
+pub fn sum(a: &[f32], b: &[f32]) -> Vec<f32> {
+    use rayon::prelude::*;
+    const SERIAL: usize = 1 << 15;
+    assert_eq!(a.len(), b.len(), "sum lengths");
+    if a.len() < SERIAL {
+        return a.iter().zip(b).map(|(a, b)| a + b).collect();
+    }
+    let mut y = Vec::with_capacity(a.len());
+    let spare = &mut y.spare_capacity_mut()[..a.len()];
+    spare.par_chunks_mut(SERIAL).zip(a.par_chunks(SERIAL)).zip(b.par_chunks(SERIAL)).for_each(|((y, a), b)| {
+        y.iter_mut().zip(a).zip(b).for_each(|((y, a), b)| *y = std::mem::MaybeUninit::new(a + b));
+    });
+    // SAFETY: every element up to the length was just written.
+    unsafe { y.set_len(a.len()) };
+    y
+}
+
 /// Dense row-major f32 tensor.
 #[derive(Debug, PartialEq)]
 pub struct Tensor {

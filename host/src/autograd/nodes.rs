@@ -450,8 +450,8 @@ impl Tape {
     pub fn add(&mut self, a: Var, b: Var) -> Result<Var> {
         let _time = super::profile::timer("add", true);
         same_shape("add", self.value(a), self.value(b))?;
-        let mut y = self.value(a).clone();
-        crate::tensor::add_assign(&mut y.data, &self.value(b).data);
+        let (av, bv) = (self.value(a), self.value(b));
+        let y = Tensor { shape: av.shape.clone(), data: crate::tensor::sum(&av.data, &bv.data) };
         Ok(self.push(NodeKind::Add, &[a, b], y))
     }
 
