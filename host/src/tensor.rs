@@ -2,54 +2,52 @@
 //! gradients, adapters and small parameters live in these; frozen base
 //! weights do not (they sit behind [`crate::projection::Projection`]).
 use crate::{Error, Result};
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
-/// `n` zeros. Large buffers are zeroed by the rayon pool: a training step
-/// allocates ~400 MB of activations and gradients, and on one thread the
-/// zeroing (a memset, or the page faults of fresh memory) was ~5% of the
-/// step with the other core idle (perf, session 6).
-pub fn zeroed(n: usize) -> Vec<f32> {
-    use rayon::prelude::*;
-    const SERIAL: usize = 1 << 16;
-    if n < SERIAL {
-        return vec![0.0; n];
-    }
+/// Elements per rayon task of the helpers below; shorter slices stay on
+/// the calling thread. Each element is computed on its own, so the bits do
+/// not depend on the split.
+const PAR_CHUNK: usize = 1 << 15;
+
+/// A new vector of `n` values written by `fill(start, chunk)` for the
+/// chunk of elements `start..start + chunk.len()`, which must write all of
+/// it; chunks run on the rayon pool. The large buffers of a training step
+/// (~400 MB a step) are made this way: made on one thread, with a zeroing
+/// memset or a copy, they left the other core idle (perf, session 6).
+fn par_filled(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync) -> Vec<f32> {
     let mut v = Vec::with_capacity(n);
-    v.spare_capacity_mut().par_chunks_mut(SERIAL).for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
-    // SAFETY: all n elements were just written.
+    let spare = &mut v.spare_capacity_mut()[..n];
+    if n < PAR_CHUNK {
+        fill(0, spare);
+    } else {
+        spare.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, chunk)| fill(c * PAR_CHUNK, chunk));
+    }
+    // SAFETY: `fill` wrote every element of every chunk, i.e. all n.
     unsafe { v.set_len(n) };
     v
 }
 
-/// `acc[i] += g[i]`, large slices on the rayon pool (elements are
-/// independent: the bits do not depend on the split).
+/// `n` zeros (see [`par_filled`]).
+pub fn zeroed(n: usize) -> Vec<f32> {
+    par_filled(n, |_, c| c.fill(MaybeUninit::new(0.0)))
+}
+
+/// `acc[i] += g[i]`, large slices on the rayon pool.
 pub fn add_assign(acc: &mut [f32], g: &[f32]) {
-    use rayon::prelude::*;
-    const SERIAL: usize = 1 << 15;
     assert_eq!(acc.len(), g.len(), "add_assign lengths");
-    if acc.len() < SERIAL {
-        acc.iter_mut().zip(g).for_each(|(a, g)| *a += g);
+    let add = |(a, g): (&mut [f32], &[f32])| a.iter_mut().zip(g).for_each(|(a, g)| *a += g);
+    if acc.len() < PAR_CHUNK {
+        add((acc, g));
     } else {
-        acc.par_chunks_mut(SERIAL).zip(g.par_chunks(SERIAL)).for_each(|(a, g)| a.iter_mut().zip(g).for_each(|(a, g)| *a += g));
+        acc.par_chunks_mut(PAR_CHUNK).zip(g.par_chunks(PAR_CHUNK)).for_each(add);
     }
 }
 
-/// `a[i] + b[i]` in a new vector, in one pass (large slices on the rayon
-/// pool; elements are independent, so the bits do not depend on the split).
+/// `a[i] + b[i]` in a new vector, in one pass (see [`par_filled`]).
 pub fn sum(a: &[f32], b: &[f32]) -> Vec<f32> {
-    use rayon::prelude::*;
-    const SERIAL: usize = 1 << 15;
     assert_eq!(a.len(), b.len(), "sum lengths");
-    if a.len() < SERIAL {
-        return a.iter().zip(b).map(|(a, b)| a + b).collect();
-    }
-    let mut y = Vec::with_capacity(a.len());
-    let spare = &mut y.spare_capacity_mut()[..a.len()];
-    spare.par_chunks_mut(SERIAL).zip(a.par_chunks(SERIAL)).zip(b.par_chunks(SERIAL)).for_each(|((y, a), b)| {
-        y.iter_mut().zip(a).zip(b).for_each(|((y, a), b)| *y = std::mem::MaybeUninit::new(a + b));
-    });
-    // SAFETY: every element up to the length was just written.
-    unsafe { y.set_len(a.len()) };
-    y
+    par_filled(a.len(), |at, c| c.iter_mut().zip(&a[at..]).zip(&b[at..]).for_each(|((y, a), b)| *y = MaybeUninit::new(a + b)))
 }
 
 /// Dense row-major f32 tensor.
@@ -61,23 +59,11 @@ pub struct Tensor {
     pub data: Vec<f32>,
 }
 
-/// Large tensors are copied by the rayon pool: the tape clones
-/// activations (residual adds, RoPE, the adapter's factors), and serial
-/// copies left the other core idle for ~3% of a training step.
+/// Large tensors are copied by the rayon pool (see [`par_filled`]): the
+/// tape clones activations (RoPE inputs, the adapter's factors).
 impl Clone for Tensor {
     fn clone(&self) -> Self {
-        use rayon::prelude::*;
-        const SERIAL: usize = 1 << 16;
-        if self.data.len() < SERIAL {
-            return Tensor { shape: self.shape.clone(), data: self.data.clone() };
-        }
-        let mut data = Vec::with_capacity(self.data.len());
-        let spare = &mut data.spare_capacity_mut()[..self.data.len()];
-        spare.par_chunks_mut(SERIAL).zip(self.data.par_chunks(SERIAL)).for_each(|(d, s)| {
-            d.iter_mut().zip(s).for_each(|(d, &s)| *d = std::mem::MaybeUninit::new(s));
-        });
-        // SAFETY: every element up to the length was just written.
-        unsafe { data.set_len(self.data.len()) };
+        let data = par_filled(self.data.len(), |at, c| c.iter_mut().zip(&self.data[at..]).for_each(|(d, &s)| *d = MaybeUninit::new(s)));
         Tensor { shape: self.shape.clone(), data }
     }
 }
