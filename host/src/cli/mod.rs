@@ -62,6 +62,7 @@ fn on_rayon_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 
 /// Parses arguments, runs the subcommand, prints errors in one line.
 pub fn main() -> ExitCode {
+    crate::runtime::allocator::keep_freed_memory();
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Info => {

@@ -5,6 +5,7 @@
 //!
 //! Everything here talks to the DSP only through [`crate::projection::Projection`],
 //! so the NPU client (any transport) and the CPU path are interchangeable.
+pub mod allocator;
 pub mod energy;
 pub mod pacing;
 pub mod plan_cache;
