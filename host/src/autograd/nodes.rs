@@ -4,7 +4,7 @@
 //! lives in forward/backward slice functions (`ops/`, `lora/branch.rs`).
 use super::tape::{Tape, Var};
 use crate::lora::branch::{self, Dropout};
-use crate::ops::attention::{attention_backward, attention_forward, AttnDims};
+use crate::ops::attention::{attention_backward_with, attention_forward_with, AttnDims, Products};
 use crate::ops::cross_entropy;
 use crate::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward, NormWeight};
 use crate::ops::rope::rope_apply;
@@ -54,7 +54,7 @@ pub(crate) enum NodeKind {
     Rope { positions: Arc<Vec<usize>>, heads: usize, head_dim: usize, inv_freq: Arc<Vec<f32>> },
     /// Attention per sequence of `dims.q_len` rows (batch = rows / q_len).
     /// Inputs `[q, k, v]`; saves `lse: [rows, n_head]`.
-    Attention { dims: AttnDims, scale: f32, lse: Vec<f32> },
+    Attention { dims: AttnDims, scale: f32, products: Products, lse: Vec<f32> },
     /// `silu(gate) * up`. Inputs `[gate, up]`; saves nothing beyond them.
     SwiGlu,
     /// Vocabulary head + cross-entropy, fused and chunked over tokens.
@@ -179,7 +179,7 @@ impl NodeKind {
                 rope_apply(&mut dx.data, positions, *heads, *head_dim, inv_freq, true);
                 Ok(vec![Some(dx)])
             }
-            NodeKind::Attention { dims, scale, lse } => Ok(attention_node_backward(inputs, output, &dout, lse, *dims, *scale)
+            NodeKind::Attention { dims, scale, products, lse } => Ok(attention_node_backward(inputs, output, &dout, lse, (*dims, *scale, *products))
                 .into_iter()
                 .zip(wanted)
                 .map(|(g, &w)| w.then_some(g))
@@ -208,20 +208,17 @@ impl NodeKind {
 }
 
 /// Per-sequence slices of q/k/v/out/lse for [`attention_backward`].
-fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse: &[f32], d: AttnDims, scale: f32) -> Vec<Tensor> {
+fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse: &[f32], (d, scale, products): (AttnDims, f32, Products)) -> Vec<Tensor> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let (mut dq, mut dk, mut dv) = (Tensor::zeros(&q.shape), Tensor::zeros(&k.shape), Tensor::zeros(&v.shape));
     let (qw, kw, lw) = (d.q_len * d.n_head * d.head_dim, d.kv_len * d.n_kv_head * d.head_dim, d.q_len * d.n_head);
     for s in 0..q.len() / qw {
         let (qs, ks, ls) = (s * qw..(s + 1) * qw, s * kw..(s + 1) * kw, s * lw..(s + 1) * lw);
-        attention_backward(
-            &mut dq.data[qs.clone()],
-            &mut dk.data[ks.clone()],
-            &mut dv.data[ks.clone()],
+        attention_backward_with(
+            products,
+            (&mut dq.data[qs.clone()], &mut dk.data[ks.clone()], &mut dv.data[ks.clone()]),
             &dout.data[qs.clone()],
-            &q.data[qs.clone()],
-            &k.data[ks.clone()],
-            &v.data[ks],
+            (&q.data[qs.clone()], &k.data[ks.clone()], &v.data[ks]),
             &out.data[qs],
             &lse[ls],
             d,
@@ -416,8 +413,9 @@ impl Tape {
 
     /// Attention over sequences of `dims.q_len` rows (`dims.kv_len` must
     /// equal it: training has no cache). `q: [rows, n_head * head_dim]`,
-    /// `k`, `v: [rows, n_kv_head * head_dim]`.
-    pub fn attention(&mut self, q: Var, k: Var, v: Var, dims: AttnDims, scale: f32) -> Result<Var> {
+    /// `k`, `v: [rows, n_kv_head * head_dim]`; its products (forward and
+    /// backward) computed as `products` says.
+    pub fn attention(&mut self, q: Var, k: Var, v: Var, dims: AttnDims, scale: f32, products: Products) -> Result<Var> {
         let _time = super::profile::timer("attention", true);
         let (qv, kv, vv) = (self.value(q), self.value(k), self.value(v));
         let qw = dims.q_len * dims.n_head * dims.head_dim;
@@ -432,9 +430,9 @@ impl Tape {
         let lw = dims.q_len * dims.n_head;
         for s in 0..seqs {
             let (qs, ks) = (s * qw..(s + 1) * qw, s * kw..(s + 1) * kw);
-            attention_forward(&mut y.data[qs.clone()], &mut lse[s * lw..(s + 1) * lw], &qv.data[qs], &kv.data[ks.clone()], &vv.data[ks], dims, scale);
+            attention_forward_with(products, &mut y.data[qs.clone()], &mut lse[s * lw..(s + 1) * lw], &qv.data[qs], &kv.data[ks.clone()], &vv.data[ks], dims, scale);
         }
-        Ok(self.push(NodeKind::Attention { dims, scale, lse }, &[q, k, v], y))
+        Ok(self.push(NodeKind::Attention { dims, scale, products, lse }, &[q, k, v], y))
     }
 
     /// `silu(gate) * up`.
@@ -609,7 +607,7 @@ mod tests {
             let p = tape.projection(x, &proj).unwrap();
             let dims = AttnDims { q_len: 3, kv_len: 3, n_head: 2, n_kv_head: 2, head_dim: 2, causal: true };
             let kv = tape.projection(x, &proj).unwrap();
-            let a = tape.attention(p, kv, kv, dims, 0.5).unwrap();
+            let a = tape.attention(p, kv, kv, dims, 0.5, Products::F32).unwrap();
             let s = tape.add(a, p).unwrap();
             if forget {
                 assert!(!tape.forget(x), "a leaf");

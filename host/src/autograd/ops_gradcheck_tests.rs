@@ -68,6 +68,6 @@ fn attention_gqa_causal_and_bidirectional_over_two_sequences() {
     for causal in [true, false] {
         let dims = AttnDims { q_len: 5, kv_len: 5, n_head: 4, n_kv_head: 2, head_dim: 3, causal };
         let inputs = [t(&[10, 12], 1, 1.5), t(&[10, 6], 2, 1.5), t(&[10, 6], 3, 1.0)];
-        check("attention", &inputs, |tape, v| tape.attention(v[0], v[1], v[2], dims, 0.6).unwrap());
+        check("attention", &inputs, |tape, v| tape.attention(v[0], v[1], v[2], dims, 0.6, crate::ops::attention::Products::F32).unwrap());
     }
 }

@@ -94,8 +94,9 @@ pub struct Args {
     no_fuse: bool,
     /// Precision of the frozen weights on the CPU: bf16 halves their memory
     /// and runs on AMX tiles where the CPU has them (activations rounded to
-    /// bf16 per product, sums and everything trainable in f32); f32 computes
-    /// with exactly the checkpoint's effective weight.
+    /// bf16 per product, and attention's products too, sums and everything
+    /// trainable in f32); f32 computes with exactly the checkpoint's
+    /// effective weight.
     #[arg(long, value_enum, default_value_t = FrozenDtype::Bf16)]
     frozen_dtype: FrozenDtype,
 }

@@ -99,7 +99,8 @@ pub enum FrozenDtype {
     #[default]
     F32,
     /// bf16, half the memory; activations rounded to bf16 per product,
-    /// sums in f32 (AMX tiles where available).
+    /// sums in f32 (AMX tiles where available). Training graphs also run
+    /// attention's products on bf16 operands then.
     Bf16,
 }
 

@@ -19,7 +19,7 @@ use crate::model::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
 use crate::model::source::TensorSource;
-use crate::ops::attention::AttnDims;
+use crate::ops::attention::{AttnDims, Products};
 use crate::ops::bf16_matmul::Bf16Matrix;
 use crate::ops::cross_entropy::slice_rows;
 use crate::ops::embedding::embedding_forward;
@@ -46,6 +46,10 @@ struct Shared {
     norm: NormWeight,
     layers: Vec<Layer>,
     inv_freq: Arc<Vec<f32>>,
+    /// Attention's products: operands rounded to bf16 on the AMX tiles
+    /// when the frozen weights are bf16 (the products with them round their
+    /// activations the same way), f32 otherwise.
+    attention: Products,
 }
 
 /// A Llama/Qwen3 model ready to be differentiated.
@@ -175,7 +179,11 @@ impl DecoderGraph {
             .collect::<Result<_>>()?;
         let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
         let final_norm = f32_tensor(src, &desc.final_norm.name)?;
-        Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq }), embed, final_norm, head, head_slices, unfused_lora: false })
+        let attention = match table_dtype {
+            FrozenDtype::F32 => Products::F32,
+            FrozenDtype::Bf16 => Products::Bf16,
+        };
+        Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq, attention }), embed, final_norm, head, head_slices, unfused_lora: false })
     }
 
     /// Opens a GGUF file or a Hugging Face directory (CPU projections, f32).
@@ -292,7 +300,7 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
         tape.forget(q_lin);
         tape.forget(k_lin);
         let dims = AttnDims { q_len: seq, kv_len: seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, causal };
-        let a = tape.attention(q, k, v, dims, 1.0 / (cfg.head_dim as f32).sqrt())?;
+        let a = tape.attention(q, k, v, dims, 1.0 / (cfg.head_dim as f32).sqrt(), shared.attention)?;
         let o = lin(tape, 3, a)?;
         let x1 = tape.add(x, o)?;
         tape.forget(o);
@@ -385,9 +393,11 @@ mod tests {
     /// per weight and per activation entering a frozen product. Where AMX
     /// carries the LoRA branch on the frozen product's pass, the branch's
     /// down products read that rounded activation too (its own factors
-    /// keep ~16 bits); measured here then: loss 2.6e-5 relative, worst
-    /// gradient cosine 0.9948, layer 0's k_proj A, the far end of the
-    /// backward. With the branch in f32 it was 1.0e-4 and 0.9980.)
+    /// keep ~16 bits). Attention's products round their operands to bf16
+    /// too where AMX runs them. Measured here: loss 3.3e-4 relative,
+    /// worst gradient cosine 0.9973; with attention in f32 it was 2.6e-5
+    /// and 0.9948 (layer 0's k_proj A, the far end of the backward), with
+    /// the branch in f32 as well 1.0e-4 and 0.9980.)
     #[test]
     fn bf16_frozen_weights_train_like_f32() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama");

@@ -159,7 +159,7 @@ impl SegmentCtx {
         let q = tape.rope(q, &self.positions, cfg.n_head, hd, &self.shared.inv_freq)?;
         let k = tape.rope(k, &self.positions, cfg.n_kv_head, hd, &self.shared.inv_freq)?;
         let dims = AttnDims { q_len: self.seq, kv_len: self.seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: hd, causal: true };
-        let a = tape.attention(q, k, v, dims, 1.0 / (hd as f32).sqrt())?;
+        let a = tape.attention(q, k, v, dims, 1.0 / (hd as f32).sqrt(), crate::ops::attention::Products::F32)?;
         let a = tape.output_gate(a, q_full, hd)?;
         self.lin(tape, params, 3, a)
     }

@@ -22,11 +22,11 @@ use std::arch::asm;
 use std::sync::OnceLock;
 
 /// Rows of a tile; also the f32 columns of a C tile.
-const TM: usize = 16;
+pub(super) const TM: usize = 16;
 /// bf16 values in one tile row (64 bytes).
-const TK: usize = 32;
+pub(super) const TK: usize = 32;
 /// Bytes of one bf16 tile.
-const TILE_U16: usize = TM * TK;
+pub(super) const TILE_U16: usize = TM * TK;
 
 const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
 const XFEATURE_XTILEDATA: i64 = 18;
@@ -75,10 +75,10 @@ impl TileConfig {
 }
 
 /// Loads the tile configuration on this thread; releases it when dropped.
-struct Tiles;
+pub(super) struct Tiles;
 
 impl Tiles {
-    fn load() -> Tiles {
+    pub(super) fn load() -> Tiles {
         let cfg = TileConfig::full();
         // SAFETY: `available()` was checked by the caller's dispatch; the
         // config is 64-byte aligned and valid for palette 1.
@@ -218,7 +218,7 @@ fn prefetch_out(out: *mut f32, (m, n): (usize, usize), m0: usize, n0: usize) {
 }
 
 /// Lanes `0 .. len` (at most 32) set.
-fn lanes(len: usize) -> u32 {
+pub(super) fn lanes(len: usize) -> u32 {
     if len >= 32 {
         u32::MAX
     } else {
@@ -233,7 +233,7 @@ fn lanes(len: usize) -> u32 {
 /// # Safety
 /// AVX-512 F and BW available.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn pairs_transposed(tile: &mut [u16], w: &[u16], (n, k): (usize, usize), o0: usize, p0: usize) {
+pub(super) unsafe fn pairs_transposed(tile: &mut [u16], w: &[u16], (n, k): (usize, usize), o0: usize, p0: usize) {
     use std::arch::x86_64::*;
     assert!(tile.len() == TILE_U16 && w.len() >= n * k && p0 < k.max(1));
     let mask = lanes(k - p0);
@@ -242,6 +242,22 @@ unsafe fn pairs_transposed(tile: &mut [u16], w: &[u16], (n, k): (usize, usize), 
         // SAFETY: row o0 + c < n and the mask stops at column k.
         *v = unsafe { _mm512_maskz_loadu_epi16(mask, w.as_ptr().add((o0 + c) * k + p0).cast()) };
     }
+    let dst = tile.as_mut_ptr().cast::<__m512i>();
+    for (i, row) in unsafe { transpose16(&r) }.iter().enumerate() {
+        // SAFETY: `tile` holds 16 rows of 64 bytes.
+        unsafe { _mm512_storeu_si512(dst.add(i), *row) };
+    }
+}
+
+/// 16x16 transpose of 32-bit values: lane `j` of result row `i` is lane
+/// `i` of `r[j]`.
+///
+/// # Safety
+/// AVX-512 F available.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn transpose16(r: &[std::arch::x86_64::__m512i; TM]) -> [std::arch::x86_64::__m512i; TM] {
+    use std::arch::x86_64::*;
     // 32-bit then 64-bit interleaves within 128-bit lanes: u[4g + j] lane l
     // holds column 4l + j of rows 4g .. 4g + 4.
     let mut t = [_mm512_setzero_si512(); TM];
@@ -258,20 +274,18 @@ unsafe fn pairs_transposed(tile: &mut [u16], w: &[u16], (n, k): (usize, usize), 
         u[4 * g + 3] = _mm512_unpackhi_epi64(q[1], q[3]);
     }
     // 4x4 transpose of 128-bit lanes: output row 4l + j = lane l of u[j], u[4 + j], u[8 + j], u[12 + j].
-    let dst = tile.as_mut_ptr().cast::<__m512i>();
+    let mut out = [_mm512_setzero_si512(); TM];
     for j in 0..4 {
         let a = _mm512_shuffle_i32x4::<0x44>(u[j], u[4 + j]);
         let b = _mm512_shuffle_i32x4::<0xEE>(u[j], u[4 + j]);
         let c = _mm512_shuffle_i32x4::<0x44>(u[8 + j], u[12 + j]);
         let d = _mm512_shuffle_i32x4::<0xEE>(u[8 + j], u[12 + j]);
-        // SAFETY: `tile` holds 16 rows of 64 bytes.
-        unsafe {
-            _mm512_storeu_si512(dst.add(j), _mm512_shuffle_i32x4::<0x88>(a, c));
-            _mm512_storeu_si512(dst.add(4 + j), _mm512_shuffle_i32x4::<0xDD>(a, c));
-            _mm512_storeu_si512(dst.add(8 + j), _mm512_shuffle_i32x4::<0x88>(b, d));
-            _mm512_storeu_si512(dst.add(12 + j), _mm512_shuffle_i32x4::<0xDD>(b, d));
-        }
+        out[j] = _mm512_shuffle_i32x4::<0x88>(a, c);
+        out[4 + j] = _mm512_shuffle_i32x4::<0xDD>(a, c);
+        out[8 + j] = _mm512_shuffle_i32x4::<0x88>(b, d);
+        out[12 + j] = _mm512_shuffle_i32x4::<0xDD>(b, d);
     }
+    out
 }
 
 /// The two input-gradient B tiles of weight rows `o0 .. o0 + 32` and
@@ -282,7 +296,7 @@ unsafe fn pairs_transposed(tile: &mut [u16], w: &[u16], (n, k): (usize, usize), 
 /// # Safety
 /// AVX-512 F and BW available.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn rows_interleaved(tiles: &mut [u16], w: &[u16], (rows, cols): (usize, usize), o0: usize, c0: usize) {
+pub(super) unsafe fn rows_interleaved(tiles: &mut [u16], w: &[u16], (rows, cols): (usize, usize), o0: usize, c0: usize) {
     use std::arch::x86_64::*;
     assert!(tiles.len() == 2 * TILE_U16 && w.len() >= rows * cols && c0 < cols.max(1));
     let mask = lanes(cols - c0);
@@ -313,18 +327,18 @@ unsafe fn rows_interleaved(tiles: &mut [u16], w: &[u16], (rows, cols): (usize, u
 /// 4 loads from L1 in ~14 ns aligned, ~145 ns at 16 bytes off).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u16; TK]);
+pub(super) struct Line([u16; TK]);
 
 /// A reusable, line-aligned tile buffer.
 #[derive(Default)]
-struct TileBuf(Vec<Line>);
+pub(super) struct TileBuf(Vec<Line>);
 
 impl TileBuf {
     /// The first `len` values (a multiple of 32), grown if needed; old
     /// contents are left as they were. Never shrinks: products of
     /// different shapes alternate, and growing back zeroed the tail each
     /// time (~1% of a training step, serial).
-    fn resized(&mut self, len: usize) -> &mut [u16] {
+    pub(super) fn resized(&mut self, len: usize) -> &mut [u16] {
         debug_assert!(len.is_multiple_of(TK));
         if self.0.len() < len / TK {
             self.0.resize(len / TK, Line([0; TK]));
@@ -333,8 +347,13 @@ impl TileBuf {
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u16>(), len) }
     }
 
+    /// A buffer of these lines.
+    pub(super) fn from_lines(lines: Vec<Line>) -> TileBuf {
+        TileBuf(lines)
+    }
+
     /// All values.
-    fn as_slice(&self) -> &[u16] {
+    pub(super) fn as_slice(&self) -> &[u16] {
         // SAFETY: as in `resized`.
         unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast::<u16>(), self.0.len() * TK) }
     }
@@ -383,16 +402,28 @@ unsafe fn round_block(blk: &mut [u16], x: &[f32], k: usize, (p0, width): (usize,
                 // SAFETY: lanes below `len` lie inside row i of `x`.
                 unsafe { _mm512_castps_si512(_mm512_maskz_loadu_ps(lanes(len) as u16, x.as_ptr().add(i * k + p0 + p))) }
             };
-            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
-            let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff)), _mm512_set1_epi32(0x7f80_0000));
-            let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
-            let bits = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+            let bits = unsafe { round16(b) };
             // tile pair p / 32, row i, values p % 32 .. + 16
             // SAFETY: inside `blk` ([kp / 32][32][32]).
             unsafe { _mm256_storeu_si256(dst.add((p / TK) * 2 * TILE_U16 + i * TK + p % TK).cast(), bits) };
         }
     }
+}
+
+/// bf16 bits of 16 f32 (given as their bits), rounded as
+/// [`super::round_bits`] does.
+///
+/// # Safety
+/// AVX-512 F and BW available.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+pub(super) unsafe fn round16(b: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
+    let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff)), _mm512_set1_epi32(0x7f80_0000));
+    let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
+    _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet))
 }
 
 /// Reduction columns per pass of [`product`]: the rounded activation of
@@ -609,24 +640,48 @@ fn side_product(a: &mut [u16], (kp, stride): (usize, usize), ride: &mut Ride<'_>
 /// Tiles configured by [`Tiles::load`]; `a` and `panel` hold `kp / 32 * 2`
 /// tiles each.
 unsafe fn block(a: *const u16, kp: usize, panel: &[u16]) {
+    let tile_order = ALayout { step: 2 * TILE_U16, half: TILE_U16, row_bytes: 64 };
+    // SAFETY: forwarded; tile order is `[kp / 32][2 tiles]`.
+    unsafe { block_in(a, tile_order, kp / TK, panel.as_ptr()) }
+}
+
+/// Where the 32 rows of a block's A operand lie, in u16 from its start.
+#[derive(Clone, Copy)]
+pub(super) struct ALayout {
+    /// From one 32-column step to the next.
+    pub step: usize,
+    /// From row 0 to row 16.
+    pub half: usize,
+    /// From one row to the next, in bytes.
+    pub row_bytes: usize,
+}
+
+/// [`block`] over `steps` 32-wide reduction steps with A laid out as `lay`
+/// says (rows of a row-major matrix, or tile order) and the panel's B
+/// tile pairs (`[steps][2]`) from `panel`.
+///
+/// # Safety
+/// Tiles configured by [`Tiles::load`]; every tile row read lies inside
+/// its operand.
+pub(super) unsafe fn block_in(a: *const u16, lay: ALayout, steps: usize, panel: *const u16) {
     unsafe {
         asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
-        for kb in 0..kp / TK {
-            let a0 = a.add(2 * kb * TILE_U16);
-            let a1 = a0.add(TILE_U16);
-            let b0 = panel.as_ptr().add(2 * kb * TILE_U16);
+        for kb in 0..steps {
+            let a0 = a.add(kb * lay.step);
+            let a1 = a0.add(lay.half);
+            let b0 = panel.add(2 * kb * TILE_U16);
             let b1 = b0.add(TILE_U16);
             asm!(
-                "tileloadd tmm4, [{a0} + {s}*1]",
-                "tileloadd tmm5, [{a1} + {s}*1]",
-                "tileloadd tmm6, [{b0} + {s}*1]",
-                "tileloadd tmm7, [{b1} + {s}*1]",
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm5, [{a1} + {sa}*1]",
+                "tileloadd tmm6, [{b0} + {sb}*1]",
+                "tileloadd tmm7, [{b1} + {sb}*1]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
                 "tdpbf16ps tmm1, tmm4, tmm7",
                 "tdpbf16ps tmm2, tmm5, tmm6",
                 "tdpbf16ps tmm3, tmm5, tmm7",
                 a0 = in(reg) a0, a1 = in(reg) a1, b0 = in(reg) b0, b1 = in(reg) b1,
-                s = in(reg) 64usize,
+                sa = in(reg) lay.row_bytes, sb = in(reg) 64usize,
                 options(nostack, readonly),
             );
         }
@@ -687,7 +742,7 @@ unsafe fn copy_rows(dst: *mut f32, stride: usize, tile: &[f32; TM * TM], (rows, 
 ///
 /// # Safety
 /// `dst` has 16 rows of 16 f32 at `stride` bytes.
-unsafe fn store_tile(t: usize, dst: *mut f32, stride: usize) {
+pub(super) unsafe fn store_tile(t: usize, dst: *mut f32, stride: usize) {
     unsafe {
         match t {
             0 => asm!("tilestored [{d} + {s}*1], tmm0", d = in(reg) dst, s = in(reg) stride, options(nostack)),

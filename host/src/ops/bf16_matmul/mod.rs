@@ -29,6 +29,8 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+pub mod operands;
 #[cfg(test)]
 mod bench;
 
