@@ -44,6 +44,28 @@ pub fn add_assign(acc: &mut [f32], g: &[f32]) {
     }
 }
 
+/// `v[i] += 0.0` (turns -0.0 into +0.0, as a sum into zeros does), large
+/// slices on the rayon pool.
+pub fn add_zero(v: &mut [f32]) {
+    let add = |c: &mut [f32]| c.iter_mut().for_each(|x| *x += 0.0);
+    if v.len() < PAR_CHUNK {
+        add(v);
+    } else {
+        v.par_chunks_mut(PAR_CHUNK).for_each(add);
+    }
+}
+
+/// No NaN or infinity in `v` (large slices on the rayon pool; a fold
+/// without early exit, so it vectorizes).
+pub fn all_finite(v: &[f32]) -> bool {
+    let finite = |c: &[f32]| c.iter().fold(true, |ok, x| ok & x.is_finite());
+    if v.len() < PAR_CHUNK {
+        finite(v)
+    } else {
+        v.par_chunks(PAR_CHUNK).all(finite)
+    }
+}
+
 /// `a[i] + b[i]` in a new vector, in one pass (see [`par_filled`]).
 pub fn sum(a: &[f32], b: &[f32]) -> Vec<f32> {
     assert_eq!(a.len(), b.len(), "sum lengths");
@@ -105,5 +127,37 @@ impl Tensor {
     /// Number of rows when viewed as a 2-D matrix `[rows, last_dim]`.
     pub fn rows(&self) -> usize {
         self.data.len() / self.last_dim().max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A NaN or infinity anywhere in a pool-sized slice is found; finite
+    /// values (zeros, subnormals, extremes) pass.
+    #[test]
+    fn all_finite_finds_every_non_finite_value() {
+        let n = 3 * PAR_CHUNK + 17;
+        let mut v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.1).sin() * 1e30).collect();
+        v[5] = f32::MIN_POSITIVE / 2.0;
+        v[6] = f32::MAX;
+        assert!(all_finite(&v));
+        for at in [0, PAR_CHUNK - 1, PAR_CHUNK, n - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let keep = std::mem::replace(&mut v[at], bad);
+                assert!(!all_finite(&v), "{bad} at {at}");
+                v[at] = keep;
+            }
+        }
+        assert!(!all_finite(&[1.0, f32::NAN]));
+    }
+
+    #[test]
+    fn add_zero_turns_negative_zero_positive_and_keeps_the_rest() {
+        let mut v = vec![-0.0f32; 2 * PAR_CHUNK + 3];
+        v[1] = -2.5;
+        add_zero(&mut v);
+        assert!(v.iter().enumerate().all(|(i, x)| if i == 1 { *x == -2.5 } else { x.to_bits() == 0 }));
     }
 }

@@ -170,7 +170,7 @@ fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: 
                 (Some(g), Some(d)) => crate::tensor::add_assign(&mut g.data, &d.data),
                 // 0 + d, as summing into zeros did (turns -0.0 into +0.0)
                 (None, Some(mut d)) => {
-                    d.data.iter_mut().for_each(|v| *v += 0.0);
+                    crate::tensor::add_zero(&mut d.data);
                     *g = Some(d);
                 }
                 (_, None) => {}
@@ -179,7 +179,7 @@ fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: 
     }
     let shapes = state.adapter.modules.iter().flat_map(|m| [&m.a.shape, &m.b.shape]);
     let mut grads: Vec<Tensor> = sums.into_iter().zip(shapes).map(|(g, shape)| g.unwrap_or_else(|| Tensor::zeros(shape))).collect();
-    if !loss.is_finite() || grads.iter().any(|g| g.data.iter().any(|v| !v.is_finite())) {
+    if !loss.is_finite() || !grads.iter().all(|g| crate::tensor::all_finite(&g.data)) {
         return Err(Error::NonFinite(format!("loss or gradients at step {}", state.step() + 1)));
     }
     let grad_norm = match config.max_grad_norm {
