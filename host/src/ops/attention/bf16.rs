@@ -14,7 +14,7 @@
 //! `ds` transposed (16x16 register transposes).
 use super::{lane_dot, reduce_grads, scatter_lse, softmax_prefix, AttnDims, KeyBlockGrads, SharedOut, BLOCK};
 use crate::ops::activation::{exp, simd_fn};
-use crate::ops::bf16_matmul::operands::{product, ARows, BPanels};
+use crate::ops::bf16_matmul::operands::{product, ARows, BPanels, Lines};
 use rayon::prelude::*;
 
 /// 32-wide chunks of the reduction in `len`.
@@ -45,12 +45,13 @@ pub(super) fn forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v:
             let width = keys.next_multiple_of(32);
             let (k_b, v_b) = &kv_b[h / group];
             // p: [rows, width], zero past the keys
-            let mut p = vec![0.0f32; rows * width];
+            let mut p_lines = Lines::zeros(rows * width);
+            let p = p_lines.as_mut_slice();
             // SAFETY: `p` is rows x width; the output rows r0 .. r0 + rows,
             // columns h * hd .. + hd of `out` ([q_len, qs]) are this task's.
             unsafe { product((&q_a[h], r0, 0), (k_b, 0, 0), (rows, keys, chunks(hd)), p.as_mut_ptr(), width, scale) };
             let lse_b: Vec<f32> = p.chunks_exact_mut(width).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
-            let p_a = ARows::from_rows(&p, (rows, width), width);
+            let p_a = ARows::from_rows(p, (rows, width), width);
             unsafe { product((&p_a, 0, 0), (v_b, 0, 0), (rows, hd, chunks(width)), out_ptr.0.add(r0 * qs + h * hd), qs, 1.0) };
             lse_b
         })
@@ -124,7 +125,8 @@ pub(super) fn backward(
             let rows = q_len - first;
             let width = rows.next_multiple_of(32);
             // s^T, dp^T: [cols, width], zero past the queries
-            let (mut st, mut dpt) = (vec![0.0f32; cols * width], vec![0.0f32; cols * width]);
+            let (mut st_lines, mut dpt_lines) = (Lines::zeros(cols * width), Lines::zeros(cols * width));
+            let (st, dpt) = (st_lines.as_mut_slice(), dpt_lines.as_mut_slice());
             // SAFETY: both are cols x width.
             unsafe {
                 product((&kvo.k_a, c0, 0), (&ho.q_t, first, 0), (cols, rows, chunks(hd)), st.as_mut_ptr(), width, scale);
@@ -135,8 +137,8 @@ pub(super) fn backward(
                 let (l, big_d) = (&ho.lse[first..], &ho.big_d[first..]);
                 probs_and_score_grads_t(&mut s_i[..rows], &mut dp_i[..rows], hidden, l, big_d, scale);
             }
-            let (pt_a, dst_a) = (ARows::from_rows(&st, (cols, rows), width), ARows::from_rows(&dpt, (cols, rows), width));
-            let ds_a = ARows::from_transposed(&dpt, (rows, cols), width);
+            let (pt_a, dst_a) = (ARows::from_rows(st, (cols, rows), width), ARows::from_rows(dpt, (cols, rows), width));
+            let ds_a = ARows::from_transposed(dpt, (rows, cols), width);
             let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
             // SAFETY: the outputs are rows x hd and cols x hd.
             unsafe {
