@@ -152,7 +152,7 @@ impl HyperNet {
             return Err(Error::format(&what, format!("{} tensors, the configuration needs {}", f.tensors.len(), net.param_names().len())));
         }
         let params = net.param_names().iter().map(|n| f.get(n, &what).cloned()).collect::<Result<Vec<_>>>()?;
-        if params.iter().any(|t| t.data.iter().any(|v| !v.is_finite())) {
+        if !params.iter().all(|t| crate::tensor::all_finite(&t.data)) {
             return Err(Error::NonFinite(format!("{what}: hypernetwork weights")));
         }
         net.set_params(params)?;

@@ -183,7 +183,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
         }
         (loss, ce, kl)
     };
-    if !loss.is_finite() || grads.iter().any(|g| g.data.iter().any(|v| !v.is_finite())) {
+    if !loss.is_finite() || !grads.iter().all(|g| crate::tensor::all_finite(&g.data)) {
         return Err(Error::NonFinite(format!("hypernetwork loss or gradients at step {}", state.step + 1)));
     }
     let grad_norm = clip_grad_norm(&mut grads, config.max_grad_norm.unwrap_or(f32::INFINITY));
