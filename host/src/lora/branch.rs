@@ -10,6 +10,7 @@
 //! results do not depend on the thread count.
 use crate::autograd::counter_rng;
 use crate::ops::matmul::{matmul_unpacked, matmul_unpacked_columns, TILE_ROWS};
+use crate::ops::SharedMut;
 use rayon::prelude::*;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -248,7 +249,7 @@ pub fn grad_a(da: &mut [f32], dxa: &[f32], x: &[f32], dropout: Option<Dropout>, 
     // columns of X, once (with row blocks every thread swept all of X, a
     // strided walk that missed cache; ~4% of a training step).
     let cols = if r * t * in_f >= PARALLEL_MIN_MACS { in_f.div_ceil(rayon::current_num_threads()).next_multiple_of(32) } else { in_f };
-    let da_ptr = SharedRows(da.as_mut_ptr());
+    let da_ptr = SharedMut(da.as_mut_ptr());
     (0..in_f.div_ceil(cols.max(1))).into_par_iter().for_each(|b| {
         let da_ptr = da_ptr;
         let c0 = b * cols;
@@ -258,13 +259,6 @@ pub fn grad_a(da: &mut [f32], dxa: &[f32], x: &[f32], dropout: Option<Dropout>, 
         unsafe { matmul_unpacked_columns(da_ptr.0.add(c0), in_f, dxa, (1, r), &xd[c0..], in_f, (r, t, n), 1.0) };
     });
 }
-
-/// `da`'s base pointer, shared by column blocks that write disjoint columns.
-#[derive(Clone, Copy)]
-struct SharedRows(*mut f32);
-// SAFETY: blocks write disjoint elements (see `grad_a`).
-unsafe impl Send for SharedRows {}
-unsafe impl Sync for SharedRows {}
 
 #[cfg(test)]
 mod bench;

@@ -18,10 +18,12 @@
 //! Products are single-threaded `matrixmultiply` calls reading the heads in
 //! place through strides; with [`Products::Bf16`] (training with bf16
 //! frozen weights) they run on the AMX tiles instead, operands rounded to
-//! bf16 (`attention/bf16.rs`): 1.76 against 2.65 ms per SmolLM2 layer
-//! (forward + backward, 2 threads, `bench` below).
+//! bf16 (`attention/bf16.rs`): 1.47-1.69 against 2.33-2.72 ms per
+//! SmolLM2 layer (forward + backward, 2 threads, `bench` below, several
+//! runs on a noisy machine).
 use crate::ops::activation::{exp, exp_shifted, simd_fn};
 use crate::ops::softmax::{lane_max, lane_sum};
+use crate::ops::SharedMut;
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
@@ -96,13 +98,6 @@ unsafe fn gemm(
     }
 }
 
-/// Output pointer shared by parallel blocks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: each block writes only its own rows of its own head (see callers).
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
 /// `out[q_len, n_head * head_dim] = softmax(scale * q k^T + mask) v`, with
 /// `lse[q_len, n_head]` saved.
 ///
@@ -111,45 +106,47 @@ unsafe impl Sync for SharedOut {}
 /// the keys the block can see, row softmax, then `p v`.
 pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32) {
     check_forward(out, lse, q, k, v, d);
-    let AttnDims { q_len, n_head, n_kv_head, head_dim: hd, .. } = d;
-    let (group, blocks) = (n_head / n_kv_head, q_len.div_ceil(BLOCK));
+    let AttnDims { n_head, n_kv_head, head_dim: hd, .. } = d;
+    let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
-    let out_ptr = SharedOut(out.as_mut_ptr());
-    let lse_blocks: Vec<Vec<f32>> = (0..n_head * blocks)
-        .into_par_iter()
-        .map(|task| {
-            let out_ptr = out_ptr;
-            let (h, r0) = (task / blocks, task % blocks * BLOCK);
-            let rows = BLOCK.min(q_len - r0);
-            let keys = d.visible(r0 + rows - 1);
-            // Offsets of this block's first query row and of its head's keys.
-            let (qv, kv) = (r0 * qs + h * hd, (h / group) * hd);
-            // p: [rows, keys]
-            let mut p = vec![0.0f32; rows * keys];
-            // SAFETY: q rows r0..r0+rows and k/v rows 0..keys of this head lie
-            // inside q, k, v (lengths asserted above); out rows r0..r0+rows of
-            // head h are written by this task only.
-            unsafe {
-                gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (p.as_mut_ptr(), keys, 1));
-            }
-            let lse_b: Vec<f32> = p.chunks_exact_mut(keys).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
-            unsafe {
-                gemm((rows, keys, hd), 1.0, (p.as_ptr(), keys, 1), (v.as_ptr().add(kv), ks, 1), (out_ptr.0.add(qv), qs, 1));
-            }
-            lse_b
-        })
-        .collect();
-    scatter_lse(lse, &lse_blocks, d);
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    query_blocks(lse, d, |h, r0, rows| {
+        let out_ptr = out_ptr;
+        let keys = d.visible(r0 + rows - 1);
+        // Offsets of this block's first query row and of its head's keys.
+        let (qv, kv) = (r0 * qs + h * hd, (h / group) * hd);
+        // p: [rows, keys]
+        let mut p = vec![0.0f32; rows * keys];
+        // SAFETY: q rows r0..r0+rows and k/v rows 0..keys of this head lie
+        // inside q, k, v (lengths asserted above); out rows r0..r0+rows of
+        // head h are written by this task only.
+        unsafe {
+            gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (p.as_mut_ptr(), keys, 1));
+        }
+        let lse_b: Vec<f32> = p.chunks_exact_mut(keys).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
+        unsafe {
+            gemm((rows, keys, hd), 1.0, (p.as_ptr(), keys, 1), (v.as_ptr().add(kv), ks, 1), (out_ptr.0.add(qv), qs, 1));
+        }
+        lse_b
+    });
 }
 
-/// Writes the per-task log-sum-exps of a forward (tasks = head-major
-/// query blocks) into `lse: [q_len, n_head]`.
-fn scatter_lse(lse: &mut [f32], lse_blocks: &[Vec<f32>], d: AttnDims) {
+/// Runs `task(head, first query, rows)` on every (head, block of
+/// [`BLOCK`] queries) in parallel (both forward paths); each returns its
+/// rows' log-sum-exps, written into `lse: [q_len, n_head]`.
+fn query_blocks(lse: &mut [f32], d: AttnDims, task: impl Fn(usize, usize, usize) -> Vec<f32> + Sync) {
     let blocks = d.q_len.div_ceil(BLOCK);
-    for (task, lse_b) in lse_blocks.iter().enumerate() {
-        let (h, r0) = (task / blocks, task % blocks * BLOCK);
-        for (t, &l) in lse_b.iter().enumerate() {
-            lse[(r0 + t) * d.n_head + h] = l;
+    let lse_blocks: Vec<Vec<f32>> = (0..d.n_head * blocks)
+        .into_par_iter()
+        .map(|t| {
+            let (h, r0) = (t / blocks, t % blocks * BLOCK);
+            task(h, r0, BLOCK.min(d.q_len - r0))
+        })
+        .collect();
+    for (t, lse_b) in lse_blocks.iter().enumerate() {
+        let (h, r0) = (t / blocks, t % blocks * BLOCK);
+        for (i, &l) in lse_b.iter().enumerate() {
+            lse[(r0 + i) * d.n_head + h] = l;
         }
     }
 }
@@ -267,44 +264,38 @@ pub fn attention_backward(
     scale: f32,
 ) {
     check_backward((dq, dk, dv), (dout, q, k, v, out, lse), d);
-    let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
-    let (group, blocks) = (n_head / n_kv_head, kv_len.div_ceil(BLOCK));
+    let AttnDims { q_len, n_head, n_kv_head, head_dim: hd, .. } = d;
+    let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
-    let grads: Vec<KeyBlockGrads> = (0..n_head * blocks)
-        .into_par_iter()
-        .map(|task| {
-            let (h, c0) = (task / blocks, task % blocks * BLOCK);
-            let cols = BLOCK.min(kv_len - c0);
-            let first = d.first_seeing(c0);
-            let rows = q_len - first;
-            let qv = first * qs + h * hd;
-            let kv = c0 * ks + (h / group) * hd;
-            // s, dp: [rows, cols]
-            let (mut s, mut dp) = (vec![0.0f32; rows * cols], vec![0.0f32; rows * cols]);
-            let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
-            // SAFETY: query rows first..q_len and key rows c0..c0+cols of
-            // this head lie inside q, dout, k, v (lengths asserted above);
-            // the outputs are this task's own buffers.
-            unsafe {
-                gemm((rows, hd, cols), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (s.as_mut_ptr(), cols, 1));
-                gemm((rows, hd, cols), 1.0, (dout.as_ptr().add(qv), qs, 1), (v.as_ptr().add(kv), 1, ks), (dp.as_mut_ptr(), cols, 1));
-            }
-            for (r, (s_r, dp_r)) in s.chunks_exact_mut(cols).zip(dp.chunks_exact_mut(cols)).enumerate() {
-                let t = first + r;
-                let at = t * qs + h * hd;
-                let big_d = lane_dot(&dout[at..at + hd], &out[at..at + hd]);
-                let seen = d.visible(t).saturating_sub(c0);
-                probs_and_score_grads(s_r, dp_r, seen, lse[t * n_head + h], big_d, scale);
-            }
-            unsafe {
-                gemm((cols, rows, hd), 1.0, (s.as_ptr(), 1, cols), (dout.as_ptr().add(qv), qs, 1), (dv_b.as_mut_ptr(), hd, 1));
-                gemm((cols, rows, hd), 1.0, (dp.as_ptr(), 1, cols), (q.as_ptr().add(qv), qs, 1), (dk_b.as_mut_ptr(), hd, 1));
-                gemm((rows, cols, hd), 1.0, (dp.as_ptr(), cols, 1), (k.as_ptr().add(kv), ks, 1), (dq_b.as_mut_ptr(), hd, 1));
-            }
-            KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first }
-        })
-        .collect();
-    reduce_grads(dq, dk, dv, &grads, d);
+    key_blocks((dq, dk, dv), d, |h, c0, cols| {
+        let first = d.first_seeing(c0);
+        let rows = q_len - first;
+        let qv = first * qs + h * hd;
+        let kv = c0 * ks + (h / group) * hd;
+        // s, dp: [rows, cols]
+        let (mut s, mut dp) = (vec![0.0f32; rows * cols], vec![0.0f32; rows * cols]);
+        let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
+        // SAFETY: query rows first..q_len and key rows c0..c0+cols of
+        // this head lie inside q, dout, k, v (lengths asserted above);
+        // the outputs are this task's own buffers.
+        unsafe {
+            gemm((rows, hd, cols), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (s.as_mut_ptr(), cols, 1));
+            gemm((rows, hd, cols), 1.0, (dout.as_ptr().add(qv), qs, 1), (v.as_ptr().add(kv), 1, ks), (dp.as_mut_ptr(), cols, 1));
+        }
+        for (r, (s_r, dp_r)) in s.chunks_exact_mut(cols).zip(dp.chunks_exact_mut(cols)).enumerate() {
+            let t = first + r;
+            let at = t * qs + h * hd;
+            let big_d = lane_dot(&dout[at..at + hd], &out[at..at + hd]);
+            let seen = d.visible(t).saturating_sub(c0);
+            probs_and_score_grads(s_r, dp_r, seen, lse[t * n_head + h], big_d, scale);
+        }
+        unsafe {
+            gemm((cols, rows, hd), 1.0, (s.as_ptr(), 1, cols), (dout.as_ptr().add(qv), qs, 1), (dv_b.as_mut_ptr(), hd, 1));
+            gemm((cols, rows, hd), 1.0, (dp.as_ptr(), 1, cols), (q.as_ptr().add(qv), qs, 1), (dk_b.as_mut_ptr(), hd, 1));
+            gemm((rows, cols, hd), 1.0, (dp.as_ptr(), cols, 1), (k.as_ptr().add(kv), ks, 1), (dq_b.as_mut_ptr(), hd, 1));
+        }
+        KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first }
+    });
 }
 
 #[allow(clippy::type_complexity)]
@@ -337,13 +328,21 @@ pub fn attention_backward_with(
     attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d, scale)
 }
 
-/// Adds the per-task partials of [`attention_backward`] into `dq`, `dk`,
-/// `dv` (overwritten): `dq` over key blocks in block order, `dk` and `dv`
-/// over the group's query heads in head order.
-fn reduce_grads(dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], grads: &[KeyBlockGrads], d: AttnDims) {
+/// Runs `task(query head, first key, keys)` on every (query head, block of
+/// [`BLOCK`] keys) in parallel (both backward paths), then adds the
+/// partials into `dq`, `dk`, `dv` (overwritten): `dq` over key blocks in
+/// block order, `dk` and `dv` over the group's query heads in head order.
+fn key_blocks((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), d: AttnDims, task: impl Fn(usize, usize, usize) -> KeyBlockGrads + Sync) {
     let AttnDims { kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     let (group, blocks) = (n_head / n_kv_head, kv_len.div_ceil(BLOCK));
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
+    let grads: Vec<KeyBlockGrads> = (0..n_head * blocks)
+        .into_par_iter()
+        .map(|t| {
+            let c0 = t % blocks * BLOCK;
+            task(t / blocks, c0, BLOCK.min(kv_len - c0))
+        })
+        .collect();
     // dq[t, h] = sum over key blocks, in block order.
     dq.par_chunks_mut(qs).enumerate().for_each(|(t, dq_t)| {
         dq_t.fill(0.0);
@@ -495,16 +494,8 @@ mod tests {
             let d = AttnDims { q_len, kv_len, n_head, n_kv_head: 1, head_dim: 4, causal };
             let wave = |n: usize, k: f32, a: f32| (0..n).map(|i| (i as f32 * k).sin() * a).collect::<Vec<f32>>();
             let (q, k, v) = (wave(q_len * n_head * 4, 0.61, 1.0), wave(kv_len * 4, 0.23, 1.0), wave(kv_len * 4, 0.11, 2.0));
-            for products in [Products::F32, Products::Bf16] {
-            let mut out = vec![0.0; q.len()];
-            let mut lse = vec![0.0; q_len * n_head];
-            attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, 0.35);
-            for (g, w) in out.iter().zip(&reference(&q, &k, &v, d, 0.35)) {
-                assert!((*g as f64 - w).abs() < products.tolerance(), "{products:?} {q_len}/{kv_len}/{causal}: {g} vs {w}");
-            }
+            let want = reference(&q, &k, &v, d, 0.35);
             let dout = wave(q.len(), 0.37, 1.0);
-            let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-            attention_backward_with(products, (&mut dq, &mut dk, &mut dv), &dout, (&q, &k, &v), &out, &lse, d, 0.35);
             let (e, f, g) = (wave(q.len(), 0.77, 1.0), wave(k.len(), 0.19, 1.0), wave(v.len(), 0.53, 1.0));
             let objective = |t: f32| {
                 let shift = |x: &[f32], dir: &[f32]| x.iter().zip(dir).map(|(a, b)| a + t * b).collect::<Vec<f32>>();
@@ -514,8 +505,17 @@ mod tests {
             let h = 1e-2;
             let numeric = (objective(h as f32) - objective(-h as f32)) / (2.0 * h);
             let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>();
-            let analytic = dot(&dq, &e) + dot(&dk, &f) + dot(&dv, &g);
-            assert!((analytic - numeric).abs() < products.derivative_tolerance() * (1.0 + numeric.abs()), "{products:?} {causal}: {analytic} vs {numeric}");
+            for products in [Products::F32, Products::Bf16] {
+                let mut out = vec![0.0; q.len()];
+                let mut lse = vec![0.0; q_len * n_head];
+                attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, 0.35);
+                for (got, w) in out.iter().zip(&want) {
+                    assert!((*got as f64 - w).abs() < products.tolerance(), "{products:?} {q_len}/{kv_len}/{causal}: {got} vs {w}");
+                }
+                let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), &dout, (&q, &k, &v), &out, &lse, d, 0.35);
+                let analytic = dot(&dq, &e) + dot(&dk, &f) + dot(&dv, &g);
+                assert!((analytic - numeric).abs() < products.derivative_tolerance() * (1.0 + numeric.abs()), "{products:?} {causal}: {analytic} vs {numeric}");
             }
         }
     }

@@ -12,6 +12,7 @@
 //!
 //! Note `gemm`'s argument order: `dst = alpha * dst + beta * lhs * rhs`, the
 //! reverse of BLAS's alpha/beta naming.
+use crate::ops::SharedMut;
 use gemm::{gemm, Parallelism};
 
 /// Products below this many multiply-adds run on the calling thread: rayon's
@@ -93,14 +94,6 @@ const MANY_ROWS: usize = 16;
 /// element takes the same kernel path (full or edge tile) whatever the split.
 const TILE: usize = 16;
 
-/// `*mut f32` shared by the blocks of one product; each block writes a
-/// disjoint set of output elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: blocks write disjoint elements (see `product_blocks`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
 /// [`product`] for many rows: `matrixmultiply::sgemm` on one block per rayon
 /// thread, split along the larger of `m` and `n`. sgemm packs the right-hand
 /// operand per call, so splitting rows made every thread pack the whole
@@ -122,7 +115,7 @@ fn product_blocks(
     let split_cols = n > m;
     let len = if split_cols { n } else { m };
     let block = len.div_ceil(threads).next_multiple_of(TILE).max(MANY_ROWS);
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = SharedMut(out.as_mut_ptr());
     (0..len.div_ceil(block)).into_par_iter().for_each(|b| {
         let out_ptr = out_ptr;
         let (start, size) = (b * block, block.min(len - b * block));

@@ -6,6 +6,14 @@
 //!
 //! Frozen projection weights never come here: they sit behind
 //! [`crate::projection::Projection`].
+/// An output's base pointer shared by parallel tasks that each write their
+/// own disjoint elements (rows, columns or blocks; each user says which).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut(pub *mut f32);
+// SAFETY: the tasks sharing it write disjoint elements (see each user).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
 pub mod activation;
 pub mod attention;
 pub mod bf16_matmul;

@@ -12,7 +12,7 @@
 //! are computed transposed (`[keys, queries]`), so that `p^T` and `ds^T`,
 //! the A operands of `dv` and `dk`, are plain rows; only `dq = ds k` reads
 //! `ds` transposed (16x16 register transposes).
-use super::{lane_dot, reduce_grads, scatter_lse, softmax_prefix, AttnDims, KeyBlockGrads, SharedOut, BLOCK};
+use super::{key_blocks, lane_dot, query_blocks, softmax_prefix, AttnDims, KeyBlockGrads, SharedMut};
 use crate::ops::activation::{exp, simd_fn};
 use crate::ops::bf16_matmul::operands::{product, ARows, BPanels, Lines};
 use rayon::prelude::*;
@@ -26,7 +26,7 @@ fn chunks(len: usize) -> usize {
 /// `s = scale q k^T` over the keys the block sees, row softmax, `p v`.
 pub(super) fn forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32) {
     let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
-    let (group, blocks) = (n_head / n_kv_head, q_len.div_ceil(BLOCK));
+    let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
     let q_a: Vec<ARows> = (0..n_head).into_par_iter().map(|h| ARows::from_rows(&q[h * hd..], (q_len, hd), qs)).collect();
     // per kv head: k^T and v as B
@@ -34,29 +34,23 @@ pub(super) fn forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v:
         .into_par_iter()
         .map(|g| (BPanels::from_transposed(&k[g * hd..], (kv_len, hd), ks), BPanels::from_rows(&v[g * hd..], (kv_len, hd), ks)))
         .collect();
-    let out_ptr = SharedOut(out.as_mut_ptr());
-    let lse_blocks: Vec<Vec<f32>> = (0..n_head * blocks)
-        .into_par_iter()
-        .map(|task| {
-            let out_ptr = out_ptr;
-            let (h, r0) = (task / blocks, task % blocks * BLOCK);
-            let rows = BLOCK.min(q_len - r0);
-            let keys = d.visible(r0 + rows - 1);
-            let width = keys.next_multiple_of(32);
-            let (k_b, v_b) = &kv_b[h / group];
-            // p: [rows, width], zero past the keys
-            let mut p_lines = Lines::zeros(rows * width);
-            let p = p_lines.as_mut_slice();
-            // SAFETY: `p` is rows x width; the output rows r0 .. r0 + rows,
-            // columns h * hd .. + hd of `out` ([q_len, qs]) are this task's.
-            unsafe { product((&q_a[h], r0, 0), (k_b, 0, 0), (rows, keys, chunks(hd)), p.as_mut_ptr(), width, scale) };
-            let lse_b: Vec<f32> = p.chunks_exact_mut(width).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
-            let p_a = ARows::from_rows(p, (rows, width), width);
-            unsafe { product((&p_a, 0, 0), (v_b, 0, 0), (rows, hd, chunks(width)), out_ptr.0.add(r0 * qs + h * hd), qs, 1.0) };
-            lse_b
-        })
-        .collect();
-    scatter_lse(lse, &lse_blocks, d);
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    query_blocks(lse, d, |h, r0, rows| {
+        let out_ptr = out_ptr;
+        let keys = d.visible(r0 + rows - 1);
+        let width = keys.next_multiple_of(32);
+        let (k_b, v_b) = &kv_b[h / group];
+        // p: [rows, width], zero past the keys
+        let mut p_lines = Lines::zeros(rows * width);
+        let p = p_lines.as_mut_slice();
+        // SAFETY: `p` is rows x width; the output rows r0 .. r0 + rows,
+        // columns h * hd .. + hd of `out` ([q_len, qs]) are this task's.
+        unsafe { product((&q_a[h], r0, 0), (k_b, 0, 0), (rows, keys, chunks(hd)), p.as_mut_ptr(), width, scale) };
+        let lse_b: Vec<f32> = p.chunks_exact_mut(width).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
+        let p_a = ARows::from_rows(p, (rows, width), width);
+        unsafe { product((&p_a, 0, 0), (v_b, 0, 0), (rows, hd, chunks(width)), out_ptr.0.add(r0 * qs + h * hd), qs, 1.0) };
+        lse_b
+    });
 }
 
 /// What every key block of one query head reads.
@@ -93,7 +87,7 @@ pub(super) fn backward(
     scale: f32,
 ) {
     let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
-    let (group, blocks) = (n_head / n_kv_head, kv_len.div_ceil(BLOCK));
+    let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
     let heads: Vec<HeadOperands> = (0..n_head)
         .into_par_iter()
@@ -114,42 +108,36 @@ pub(super) fn backward(
             k_n: BPanels::from_rows(&k[g * hd..], (kv_len, hd), ks),
         })
         .collect();
-    let grads: Vec<KeyBlockGrads> = (0..n_head * blocks)
-        .into_par_iter()
-        .map(|task| {
-            let (h, c0) = (task / blocks, task % blocks * BLOCK);
-            let (ho, kvo) = (&heads[h], &kvs[h / group]);
-            let cols = BLOCK.min(kv_len - c0);
-            // `first` is c0 (causal) or 0: a whole number of chunks
-            let first = d.first_seeing(c0);
-            let rows = q_len - first;
-            let width = rows.next_multiple_of(32);
-            // s^T, dp^T: [cols, width], zero past the queries
-            let (mut st_lines, mut dpt_lines) = (Lines::zeros(cols * width), Lines::zeros(cols * width));
-            let (st, dpt) = (st_lines.as_mut_slice(), dpt_lines.as_mut_slice());
-            // SAFETY: both are cols x width.
-            unsafe {
-                product((&kvo.k_a, c0, 0), (&ho.q_t, first, 0), (cols, rows, chunks(hd)), st.as_mut_ptr(), width, scale);
-                product((&kvo.v_a, c0, 0), (&ho.dout_t, first, 0), (cols, rows, chunks(hd)), dpt.as_mut_ptr(), width, 1.0);
-            }
-            for (i, (s_i, dp_i)) in st.chunks_exact_mut(width).zip(dpt.chunks_exact_mut(width)).enumerate() {
-                let hidden = d.first_seeing(c0 + i) - first;
-                let (l, big_d) = (&ho.lse[first..], &ho.big_d[first..]);
-                probs_and_score_grads_t(&mut s_i[..rows], &mut dp_i[..rows], hidden, l, big_d, scale);
-            }
-            let (pt_a, dst_a) = (ARows::from_rows(st, (cols, rows), width), ARows::from_rows(dpt, (cols, rows), width));
-            let ds_a = ARows::from_transposed(dpt, (rows, cols), width);
-            let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
-            // SAFETY: the outputs are rows x hd and cols x hd.
-            unsafe {
-                product((&pt_a, 0, 0), (&ho.dout_n, 0, first / 32), (cols, hd, chunks(width)), dv_b.as_mut_ptr(), hd, 1.0);
-                product((&dst_a, 0, 0), (&ho.q_n, 0, first / 32), (cols, hd, chunks(width)), dk_b.as_mut_ptr(), hd, 1.0);
-                product((&ds_a, 0, 0), (&kvo.k_n, 0, c0 / 32), (rows, hd, chunks(cols)), dq_b.as_mut_ptr(), hd, 1.0);
-            }
-            KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first }
-        })
-        .collect();
-    reduce_grads(dq, dk, dv, &grads, d);
+    key_blocks((dq, dk, dv), d, |h, c0, cols| {
+        let (ho, kvo) = (&heads[h], &kvs[h / group]);
+        // `first` is c0 (causal) or 0: a whole number of chunks
+        let first = d.first_seeing(c0);
+        let rows = q_len - first;
+        let width = rows.next_multiple_of(32);
+        // s^T, dp^T: [cols, width], zero past the queries
+        let (mut st_lines, mut dpt_lines) = (Lines::zeros(cols * width), Lines::zeros(cols * width));
+        let (st, dpt) = (st_lines.as_mut_slice(), dpt_lines.as_mut_slice());
+        // SAFETY: both are cols x width.
+        unsafe {
+            product((&kvo.k_a, c0, 0), (&ho.q_t, first, 0), (cols, rows, chunks(hd)), st.as_mut_ptr(), width, scale);
+            product((&kvo.v_a, c0, 0), (&ho.dout_t, first, 0), (cols, rows, chunks(hd)), dpt.as_mut_ptr(), width, 1.0);
+        }
+        for (i, (s_i, dp_i)) in st.chunks_exact_mut(width).zip(dpt.chunks_exact_mut(width)).enumerate() {
+            let hidden = d.first_seeing(c0 + i) - first;
+            let (l, big_d) = (&ho.lse[first..], &ho.big_d[first..]);
+            probs_and_score_grads_t(&mut s_i[..rows], &mut dp_i[..rows], hidden, l, big_d, scale);
+        }
+        let (pt_a, dst_a) = (ARows::from_rows(st, (cols, rows), width), ARows::from_rows(dpt, (cols, rows), width));
+        let ds_a = ARows::from_transposed(dpt, (rows, cols), width);
+        let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
+        // SAFETY: the outputs are rows x hd and cols x hd.
+        unsafe {
+            product((&pt_a, 0, 0), (&ho.dout_n, 0, first / 32), (cols, hd, chunks(width)), dv_b.as_mut_ptr(), hd, 1.0);
+            product((&dst_a, 0, 0), (&ho.q_n, 0, first / 32), (cols, hd, chunks(width)), dk_b.as_mut_ptr(), hd, 1.0);
+            product((&ds_a, 0, 0), (&kvo.k_n, 0, c0 / 32), (rows, hd, chunks(cols)), dq_b.as_mut_ptr(), hd, 1.0);
+        }
+        KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first }
+    });
 }
 
 simd_fn! {

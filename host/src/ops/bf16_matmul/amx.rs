@@ -16,7 +16,7 @@
 //! belongs to the process: threads that existed before the request (rayon's
 //! workers) and threads started after it may all use the tiles (checked on
 //! this machine), so it is asked for once.
-use super::OutPtr;
+use crate::ops::SharedMut;
 use rayon::prelude::*;
 use std::arch::asm;
 use std::sync::OnceLock;
@@ -338,7 +338,7 @@ impl TileBuf {
     /// contents are left as they were. Never shrinks: products of
     /// different shapes alternate, and growing back zeroed the tail each
     /// time (~1% of a training step, serial).
-    pub(super) fn resized(&mut self, len: usize) -> &mut [u16] {
+    fn resized(&mut self, len: usize) -> &mut [u16] {
         debug_assert!(len.is_multiple_of(TK));
         if self.0.len() < len / TK {
             self.0.resize(len / TK, Line([0; TK]));
@@ -417,7 +417,7 @@ unsafe fn round_block(blk: &mut [u16], x: &[f32], k: usize, (p0, width): (usize,
 /// AVX-512 F and BW available.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-pub(super) unsafe fn round16(b: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
+unsafe fn round16(b: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
     let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
     let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
@@ -509,7 +509,7 @@ fn product(
         }
         let a = &*a;
         let ext = ride.as_ref().map(|r| r.ext_prep);
-        let out_ptr = OutPtr(out.as_mut_ptr());
+        let out_ptr = SharedMut(out.as_mut_ptr());
         (0..n.div_ceil(2 * TM)).into_par_iter().for_each(|p| {
             let out_ptr = out_ptr;
             let n0 = p * 2 * TM;
@@ -568,7 +568,7 @@ fn token_sums(out: &mut [f32], u: &[f32], a: &[u16], (m, k): (usize, usize), (kp
     // SAFETY: AMX CPUs have AVX-512.
     unsafe { round_block(ut_tiles, &ut, 2 * mp, (0, 2 * mp)) };
     let ut_tiles = &*ut_tiles;
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = SharedMut(out.as_mut_ptr());
     (0..kp / TK).into_par_iter().for_each(|kb| {
         let out_ptr = out_ptr;
         let mut panel_buf = PANEL.take();
@@ -690,39 +690,50 @@ pub(super) unsafe fn block_in(a: *const u16, lay: ALayout, steps: usize, panel: 
 
 /// Writes the 32x32 block in `tmm0..3` (rows `m0..`, columns `n0..`) into
 /// `out: [m, n]` (or adds it, with `add`), dropping the padding rows and
-/// columns. The tiles go through an aligned scratch, all four stored
-/// before the first is read back: `tilestored` straight into `out` (rows
-/// not line-aligned, lines not in cache) was measured slower than storing
-/// to L1 and copying rows with vector moves.
+/// columns (see [`store_block`]).
 ///
 /// # Safety
-/// Tiles hold a finished block; `out` is `[m, n]` and the caller owns
-/// columns `n0 .. min(n0 + 32, n)` of it.
+/// Tiles hold a finished block; `out` is `[m, n]`, `m0 < m`, `n0 < n`,
+/// and the caller owns columns `n0 .. min(n0 + 32, n)` of it.
 unsafe fn store(out: *mut f32, (m, n): (usize, usize), m0: usize, n0: usize, add: bool) {
+    // SAFETY: forwarded; the corner starts inside `out`.
+    unsafe { store_block(out.add(m0 * n + n0), n, ((m - m0).min(2 * TM), (n - n0).min(2 * TM)), add, 1.0) }
+}
+
+/// Writes `alpha` times the 32x32 block in `tmm0..3` to the `rows x cols`
+/// corner at `dst` (rows `ld` apart), or adds it there with `add`. The
+/// tiles go through an aligned scratch, all four stored before the first
+/// is read back: `tilestored` straight into the output (rows not
+/// line-aligned, lines not in cache) was measured slower than storing to
+/// L1 and copying rows with vector moves.
+///
+/// # Safety
+/// Tiles hold a finished block; `dst` has `rows` rows of `cols` values,
+/// `ld` apart, that the caller owns.
+pub(super) unsafe fn store_block(dst: *mut f32, ld: usize, (rows, cols): (usize, usize), add: bool, alpha: f32) {
     #[repr(C, align(64))]
     struct Scratch([[f32; TM * TM]; 4]);
     let mut s = Scratch([[0.0; TM * TM]; 4]);
-    let corners = [(0, 0), (0, TM), (TM, 0), (TM, TM)];
     for (t, tile) in s.0.iter_mut().enumerate() {
         // SAFETY: each scratch tile is 16 rows of 64 bytes.
         unsafe { store_tile(t, tile.as_mut_ptr(), TM * 4) };
     }
-    for (tile, (dr, dc)) in s.0.iter().zip(corners) {
-        let (r0, c0) = (m0 + dr, n0 + dc);
-        if r0 < m && c0 < n {
-            // SAFETY: rows r0.. and columns c0.. of `out` belong to this block.
-            unsafe { copy_rows(out.add(r0 * n + c0), n, tile, ((m - r0).min(TM), (n - c0).min(TM)), add) };
+    for (tile, (dr, dc)) in s.0.iter().zip([(0, 0), (0, TM), (TM, 0), (TM, TM)]) {
+        if dr < rows && dc < cols {
+            // SAFETY: rows dr.. and columns dc.. of the corner.
+            unsafe { copy_rows(dst.add(dr * ld + dc), ld, tile, ((rows - dr).min(TM), (cols - dc).min(TM)), add, alpha) };
         }
     }
 }
 
-/// `dst[r * stride + c] = tile[r][c]` (or `+=`, with `add`) for
-/// `r < rows`, `c < cols`, one masked vector store per row.
+/// `dst[r * stride + c] = alpha tile[r][c]` (or `+=`, with `add`) for
+/// `r < rows`, `c < cols`, one masked vector store per row (an `alpha` of
+/// 1 multiplies nothing).
 ///
 /// # Safety
 /// AVX-512F available; `dst` has `rows` rows of `cols` f32 at `stride`.
 #[target_feature(enable = "avx512f")]
-unsafe fn copy_rows(dst: *mut f32, stride: usize, tile: &[f32; TM * TM], (rows, cols): (usize, usize), add: bool) {
+unsafe fn copy_rows(dst: *mut f32, stride: usize, tile: &[f32; TM * TM], (rows, cols): (usize, usize), add: bool, alpha: f32) {
     use std::arch::x86_64::*;
     let mask = lanes(cols) as u16;
     for r in 0..rows.min(TM) {
@@ -730,6 +741,9 @@ unsafe fn copy_rows(dst: *mut f32, stride: usize, tile: &[f32; TM * TM], (rows, 
         unsafe {
             let d = dst.add(r * stride);
             let mut v = _mm512_loadu_ps(tile.as_ptr().add(r * TM));
+            if alpha != 1.0 {
+                v = _mm512_mul_ps(_mm512_set1_ps(alpha), v);
+            }
             if add {
                 v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, d), v);
             }
@@ -742,7 +756,7 @@ unsafe fn copy_rows(dst: *mut f32, stride: usize, tile: &[f32; TM * TM], (rows, 
 ///
 /// # Safety
 /// `dst` has 16 rows of 16 f32 at `stride` bytes.
-pub(super) unsafe fn store_tile(t: usize, dst: *mut f32, stride: usize) {
+unsafe fn store_tile(t: usize, dst: *mut f32, stride: usize) {
     unsafe {
         match t {
             0 => asm!("tilestored [{d} + {s}*1], tmm0", d = in(reg) dst, s = in(reg) stride, options(nostack)),

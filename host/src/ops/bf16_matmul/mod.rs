@@ -335,14 +335,6 @@ fn side_by_side(parts: &[&[u16]], r: usize) -> Vec<u16> {
     out
 }
 
-/// `*mut f32` shared by the panels of one product; each panel writes a
-/// disjoint set of output columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: panels write disjoint elements (see the kernels).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -264,36 +264,8 @@ pub unsafe fn product(
             // writes rows m0 .. < m and columns n0 .. < n of `out`.
             unsafe {
                 amx::block_in(pa, lay, chunks, pb);
-                store_scaled(out.add(m0 * ld + n0), ld, ((m - m0).min(2 * TM), (n - n0).min(2 * TM)), alpha);
+                amx::store_block(out.add(m0 * ld + n0), ld, ((m - m0).min(2 * TM), (n - n0).min(2 * TM)), false, alpha);
             }
-        }
-    }
-}
-
-/// Writes `alpha` times the 32x32 block in `tmm0..3` to the `rows x cols`
-/// corner at `dst` (rows `ld` apart), through an aligned scratch (see
-/// `amx::store`).
-///
-/// # Safety
-/// Tiles hold a finished block; `dst` has `rows` rows of `cols` values.
-#[target_feature(enable = "avx512f")]
-unsafe fn store_scaled(dst: *mut f32, ld: usize, (rows, cols): (usize, usize), alpha: f32) {
-    #[repr(C, align(64))]
-    struct Scratch([[f32; TM * TM]; 4]);
-    let mut s = Scratch([[0.0; TM * TM]; 4]);
-    for (t, tile) in s.0.iter_mut().enumerate() {
-        // SAFETY: each scratch tile is 16 rows of 64 bytes.
-        unsafe { amx::store_tile(t, tile.as_mut_ptr(), TM * 4) };
-    }
-    let scale = _mm512_set1_ps(alpha);
-    for (tile, (dr, dc)) in s.0.iter().zip([(0, 0), (0, TM), (TM, 0), (TM, TM)]) {
-        if dr >= rows || dc >= cols {
-            continue;
-        }
-        let mask = amx::lanes(cols - dc) as u16;
-        for r in 0..(rows - dr).min(TM) {
-            // SAFETY: the mask keeps the store inside row dr + r's columns.
-            unsafe { _mm512_mask_storeu_ps(dst.add((dr + r) * ld + dc), mask, _mm512_mul_ps(scale, _mm512_loadu_ps(tile.as_ptr().add(r * TM)))) };
         }
     }
 }

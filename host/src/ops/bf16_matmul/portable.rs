@@ -2,7 +2,8 @@
 //! per 64-wide output panel the matching part of W widened to f32 in a
 //! per-thread scratch, multiplied with `matrixmultiply`. Memory stays one
 //! bf16 copy of W; each panel is widened once per call.
-use super::{round_bits, widen, OutPtr};
+use super::{round_bits, widen};
+use crate::ops::SharedMut;
 use rayon::prelude::*;
 
 /// Output columns per panel.
@@ -44,7 +45,7 @@ fn panels(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(
     if m == 0 || n == 0 {
         return;
     }
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = SharedMut(out.as_mut_ptr());
     (0..n.div_ceil(PANEL)).into_par_iter().for_each_init(Vec::new, |panel, p| {
         let out_ptr = out_ptr;
         let (n0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
