@@ -7,8 +7,8 @@
 //! step touched fresh pages: ~6,400 page faults a step on SmolLM2-135M
 //! (32K over 5 steps, `perf stat -e page-faults`), each one a kernel entry
 //! and a zeroed page, and the attention kernels' per-block scratch faulted
-//! on every call. With [`keep_freed_memory`] a step faults ~70 times
-//! (354 over 5 steps). Peak RSS is what the heap reaches at its largest,
+//! on every call. With [`keep_freed_memory`] a step faults ~30 times
+//! (151 more faults in a 6-step run than in a 1-step one). Peak RSS is what the heap reaches at its largest,
 //! as before (measured 556 -> 557 MiB, from the different placement).
 
 /// Keeps freed memory in the process for reuse (glibc only; elsewhere
