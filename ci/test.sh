@@ -3,6 +3,8 @@
 # missing, runs every native test, then the Hexagon simulator tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A run from a clean clone never reuses incremental state; it only costs disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 bash toolchain/install.sh
 # Real model and benchmark text: the tests that need them skip only when
