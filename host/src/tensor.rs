@@ -5,6 +5,8 @@ use crate::{Error, Result};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
+mod spare;
+
 /// Elements per rayon task of the helpers below; shorter slices stay on
 /// the calling thread. Each element is computed on its own, so the bits do
 /// not depend on the split.
@@ -41,6 +43,16 @@ pub fn add_assign(acc: &mut [f32], g: &[f32]) {
         add((acc, g));
     } else {
         acc.par_chunks_mut(PAR_CHUNK).zip(g.par_chunks(PAR_CHUNK)).for_each(add);
+    }
+}
+
+/// `dst.copy_from_slice(src)`, large slices on the rayon pool.
+pub fn copy_into(dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "copy_into lengths");
+    if dst.len() < PAR_CHUNK {
+        dst.copy_from_slice(src);
+    } else {
+        dst.par_chunks_mut(PAR_CHUNK).zip(src.par_chunks(PAR_CHUNK)).for_each(|(d, s)| d.copy_from_slice(s));
     }
 }
 
@@ -85,8 +97,22 @@ pub struct Tensor {
 /// tape clones activations (RoPE inputs, the adapter's factors).
 impl Clone for Tensor {
     fn clone(&self) -> Self {
-        let data = par_filled(self.data.len(), |at, c| c.iter_mut().zip(&self.data[at..]).for_each(|(d, &s)| *d = MaybeUninit::new(s)));
+        let data = match spare::reuse(self.data.len()) {
+            Some(mut data) => {
+                copy_into(&mut data, &self.data);
+                data
+            }
+            None => par_filled(self.data.len(), |at, c| c.iter_mut().zip(&self.data[at..]).for_each(|(d, &s)| *d = MaybeUninit::new(s))),
+        };
         Tensor { shape: self.shape.clone(), data }
+    }
+}
+
+/// A dropped tensor's large buffer goes to the spare pool ([`spare`]), for
+/// the next [`Tensor::to_overwrite`] of its length.
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        spare::keep(std::mem::take(&mut self.data));
     }
 }
 
@@ -94,6 +120,15 @@ impl Tensor {
     /// A tensor of zeros.
     pub fn zeros(shape: &[usize]) -> Self {
         Tensor { shape: shape.to_vec(), data: zeroed(shape.iter().product()) }
+    }
+
+    /// A tensor whose every element the caller will write before anything
+    /// reads it (a kernel's output): a dropped tensor's buffer of the same
+    /// length, stale values and all (NaN in debug builds), when the spare
+    /// pool has one; zeros otherwise. Saves the zeroing pass ([`spare`]).
+    pub fn to_overwrite(shape: &[usize]) -> Self {
+        let n = shape.iter().product();
+        Tensor { shape: shape.to_vec(), data: spare::reuse(n).unwrap_or_else(|| zeroed(n)) }
     }
 
     /// Wraps `data`, checking that its length matches `shape`.

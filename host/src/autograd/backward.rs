@@ -27,7 +27,7 @@ impl Tape {
             return Err(Error::Shape {
                 what: "backward seed gradient".into(),
                 expected: self.value(out).shape.clone(),
-                got: grad.shape,
+                got: grad.shape.clone(),
             });
         }
         accumulate(&mut self.grads[out.0], grad);

@@ -112,13 +112,13 @@ impl NodeKind {
     pub(crate) fn forward_again(&self, inputs: &[&Tensor]) -> Option<Tensor> {
         match self {
             NodeKind::RmsNorm { weight, kind, eps, rstd } => {
-                let mut y = Tensor::zeros(&inputs[0].shape);
+                let mut y = Tensor::to_overwrite(&inputs[0].shape);
                 let mut scratch = vec![0.0; rstd.len()];
                 rmsnorm_forward(&mut y.data, &mut scratch, &inputs[0].data, weight, *kind, *eps);
                 Some(y)
             }
             NodeKind::SwiGlu => {
-                let mut y = Tensor::zeros(&inputs[0].shape);
+                let mut y = Tensor::to_overwrite(&inputs[0].shape);
                 swiglu_forward(&mut y.data, &inputs[0].data, &inputs[1].data);
                 Some(y)
             }
@@ -142,7 +142,7 @@ impl NodeKind {
         match self {
             NodeKind::Projection { proj } => {
                 let x = inputs[0];
-                let mut dx = Tensor::zeros(&x.shape);
+                let mut dx = Tensor::to_overwrite(&x.shape);
                 proj.apply(Direction::InputGrad, &dout.data, x.rows(), &mut dx.data)?;
                 Ok(vec![Some(dx)])
             }
@@ -157,7 +157,7 @@ impl NodeKind {
             NodeKind::ProjectionLora { proj, scaling, dropout, xa, .. } => {
                 let (x, a, b) = (inputs[0], inputs[2], inputs[3]);
                 let mut lora = None;
-                let mut dx = wanted[1].then(|| Tensor::zeros(&x.shape));
+                let mut dx = wanted[1].then(|| Tensor::to_overwrite(&x.shape));
                 let mut side = || {
                     lora = Some(lora_backward(x, a, b, &dout, xa, *scaling, *dropout, [wanted[0], wanted[2], wanted[3]])?);
                     Ok(())
@@ -170,7 +170,7 @@ impl NodeKind {
                 Ok(vec![dx_lora, dx, da, db])
             }
             NodeKind::RmsNorm { weight, kind, rstd, .. } => {
-                let mut dx = Tensor::zeros(&inputs[0].shape);
+                let mut dx = Tensor::to_overwrite(&inputs[0].shape);
                 rmsnorm_backward(&mut dx.data, &dout.data, &inputs[0].data, weight, rstd, *kind);
                 Ok(vec![Some(dx)])
             }
@@ -186,7 +186,7 @@ impl NodeKind {
                 .collect()),
             NodeKind::SwiGlu => {
                 let (g, u) = (inputs[0], inputs[1]);
-                let (mut dg, mut du) = (Tensor::zeros(&g.shape), Tensor::zeros(&u.shape));
+                let (mut dg, mut du) = (Tensor::to_overwrite(&g.shape), Tensor::to_overwrite(&u.shape));
                 swiglu_backward(&mut dg.data, &mut du.data, &dout.data, &g.data, &u.data);
                 Ok(vec![wanted[0].then_some(dg), wanted[1].then_some(du)])
             }
@@ -210,7 +210,7 @@ impl NodeKind {
 /// Per-sequence slices of q/k/v/out/lse for [`attention_backward`].
 fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse: &[f32], (d, scale, products): (AttnDims, f32, Products)) -> Vec<Tensor> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
-    let (mut dq, mut dk, mut dv) = (Tensor::zeros(&q.shape), Tensor::zeros(&k.shape), Tensor::zeros(&v.shape));
+    let (mut dq, mut dk, mut dv) = (Tensor::to_overwrite(&q.shape), Tensor::to_overwrite(&k.shape), Tensor::to_overwrite(&v.shape));
     let (qw, kw, lw) = (d.q_len * d.n_head * d.head_dim, d.kv_len * d.n_kv_head * d.head_dim, d.q_len * d.n_head);
     for s in 0..q.len() / qw {
         let (qs, ks, ls) = (s * qw..(s + 1) * qw, s * kw..(s + 1) * kw, s * lw..(s + 1) * lw);
@@ -261,7 +261,7 @@ fn no_dropout(dropout: Option<Dropout>) -> bool {
 fn carried_lora_backward(proj: &dyn Projection, inputs: &[&Tensor], dout: &Tensor, xa: &[f32], scaling: f32, wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
     let (x, a, b) = (inputs[0], inputs[2], inputs[3]);
     let shapes = branch::Shapes::of(x, a, b)?;
-    let mut dx = Tensor::zeros(&x.shape);
+    let mut dx = Tensor::to_overwrite(&x.shape);
     let mut dxa = vec![0.0; shapes.tokens * shapes.rank];
     let mut db = wanted[3].then(|| Tensor::zeros(&b.shape));
     let lora = LoraFactors { a: &a.data, b: &b.data, rank: shapes.rank, scale: scaling };
@@ -318,7 +318,7 @@ impl Tape {
         let tokens = xv.rows();
         let mut shape = xv.shape.clone();
         *shape.last_mut().expect("checked non-scalar") = info.out_features;
-        let mut y = Tensor::zeros(&shape);
+        let mut y = Tensor::to_overwrite(&shape);
         proj.apply(Direction::Forward, &xv.data, tokens, &mut y.data)?;
         Ok(self.push(NodeKind::Projection { proj: proj.clone() }, &[x], y))
     }
@@ -339,7 +339,7 @@ impl Tape {
             });
         }
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
-        let mut y = Tensor::zeros(&basev.shape);
+        let mut y = Tensor::to_overwrite(&basev.shape);
         branch::forward_into(&mut y.data, &mut xa, &xv.data, &av.data, &bv.data, scaling, dropout, shapes);
         y.data.iter_mut().zip(&basev.data).for_each(|(y, base)| *y = base + *y);
         Ok(self.push(NodeKind::LoraAdd { scaling, dropout, xa }, &[base, x, a, b], y))
@@ -367,7 +367,7 @@ impl Tape {
         }
         let mut shape = xv.shape.clone();
         *shape.last_mut().expect("checked non-scalar") = info.out_features;
-        let mut y = Tensor::zeros(&shape);
+        let mut y = Tensor::to_overwrite(&shape);
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
         let lora = LoraFactors { a: &av.data, b: &bv.data, rank: shapes.rank, scale: scaling };
         let carried = no_dropout(dropout) && proj.apply_carrying_lora(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, lora, &mut xa, None)? != Carried::No;
@@ -392,7 +392,7 @@ impl Tape {
         if weight.is_empty() || xv.len() % weight.len() != 0 {
             return Err(Error::Shape { what: "rms_norm input".into(), expected: vec![weight.len()], got: xv.shape.clone() });
         }
-        let mut y = Tensor::zeros(&xv.shape);
+        let mut y = Tensor::to_overwrite(&xv.shape);
         let mut rstd = vec![0.0; xv.len() / weight.len()];
         rmsnorm_forward(&mut y.data, &mut rstd, &xv.data, weight, kind, eps);
         Ok(self.push(NodeKind::RmsNorm { weight: weight.clone(), kind, eps, rstd }, &[x], y))
@@ -425,7 +425,7 @@ impl Tape {
             return Err(Error::Shape { what: "attention q/k/v".into(), expected: vec![qw, kw], got: vec![qv.len(), kv.len(), vv.len()] });
         }
         let seqs = qv.len() / qw;
-        let mut y = Tensor::zeros(&qv.shape);
+        let mut y = Tensor::to_overwrite(&qv.shape);
         let mut lse = vec![0.0; seqs * dims.q_len * dims.n_head];
         let lw = dims.q_len * dims.n_head;
         for s in 0..seqs {
@@ -439,7 +439,7 @@ impl Tape {
     pub fn swiglu(&mut self, gate: Var, up: Var) -> Result<Var> {
         let _time = super::profile::timer("swiglu", true);
         same_shape("swiglu", self.value(gate), self.value(up))?;
-        let mut y = Tensor::zeros(&self.value(gate).shape);
+        let mut y = Tensor::to_overwrite(&self.value(gate).shape);
         swiglu_forward(&mut y.data, &self.value(gate).data, &self.value(up).data);
         Ok(self.push(NodeKind::SwiGlu, &[gate, up], y))
     }

@@ -122,6 +122,9 @@ impl Tape {
         if !kept || !node.kind.rebuildable() || self.rebuild[v.0].is_some() {
             return false;
         }
+        // Straight back to malloc, not to the spare pool (tensor::spare):
+        // the forward forgets these while asking for other lengths, so
+        // pooled they sat idle (measured: peak RSS 559 -> 701 MiB).
         self.values[v.0].data = Vec::new();
         self.rebuild[v.0] = Some(at);
         true
