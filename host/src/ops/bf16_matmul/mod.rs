@@ -15,9 +15,9 @@
 //!   activation is rounded once per call into tile order (per pass of
 //!   ~768 KB when the reduction is long, so it stays in L2). Speed: the
 //!   ignored benchmarks in `bench.rs`.
-//! - [`Kernel::Portable`] (`portable.rs`): any CPU; converts 64-row or
-//!   64-column panels of W to f32 and multiplies the bf16-rounded
-//!   activations with `matrixmultiply`.
+//! - [`Kernel::Portable`] (`portable.rs`): any CPU; widens 32-wide panels
+//!   of W to f32 and multiplies the bf16-rounded activations with the
+//!   register tiles of `ops::matmul` (AVX-512 or AVX2+FMA where present).
 //!
 //! Both split the output into column panels over rayon; each output element
 //! is summed by one thread in a fixed order, so results do not depend on
@@ -28,6 +28,8 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 pub mod operands;
@@ -101,7 +103,7 @@ impl Rows<'_> {
 pub enum Kernel {
     /// AMX tiles (`TDPBF16PS`).
     Amx,
-    /// Any CPU: bf16 panels widened to f32, `matrixmultiply`.
+    /// Any CPU: bf16 panels widened to f32, f32 register tiles.
     Portable,
 }
 

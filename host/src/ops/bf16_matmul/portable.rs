@@ -1,60 +1,129 @@
-//! The portable kernel: the activations rounded to bf16 (kept as f32), and
-//! per 64-wide output panel the matching part of W widened to f32 in a
-//! per-thread scratch, multiplied with `matrixmultiply`. Memory stays one
-//! bf16 copy of W; each panel is widened once per call.
+//! The portable kernel: the activation rounded to bf16 once per call (kept
+//! as f32), and per 32-wide output panel the matching part of W widened to
+//! f32 in a per-thread scratch. Where the CPU has AVX2 and FMA both are
+//! packed for the 8x8 register tiles of `avx2.rs`; elsewhere the panel is
+//! laid out `[reduction][32]` for [`matmul_unpacked_columns`]. Memory stays
+//! one bf16 copy of W; each panel is widened once per call.
+//!
+//! This replaced `matrixmultiply`, which packed the activation again for
+//! every panel: on an AMD EPYC (Zen 1, AVX2, no AVX-512) the SmolLM2
+//! shapes ran at 9 GFLOP/s per thread that way (see `bench.rs`).
 use super::{round_bits, widen};
+use crate::ops::matmul::matmul_unpacked_columns;
 use crate::ops::SharedMut;
 use rayon::prelude::*;
 
-/// Output columns per panel.
-const PANEL: usize = 64;
+/// Output columns per panel (one rayon task).
+const PANEL: usize = 32;
+
+/// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` bits.
+pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
+    let rows_of = |n0: usize, width: usize| &w[n0 * k..(n0 + width) * k];
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // panel[q][p][j] = W[n0 + 8q + j][p]
+        let fill = |n0: usize, width: usize, q: usize, panel: &mut [f32]| {
+            let (c0, w8) = (n0 + q * 8, width.saturating_sub(q * 8).min(8));
+            // SAFETY: AVX2 and FMA are available.
+            unsafe { super::avx2::pack_transposed(panel, rows_of(c0, w8), w8, k) };
+        };
+        return packed(out, x, (tokens, k, n), &fill);
+    }
+    // panel[p][j] = W[n0 + j][p]
+    let fill = |n0: usize, width: usize, panel: &mut [f32]| {
+        let rows = rows_of(n0, width);
+        for (p, dst) in panel.chunks_exact_mut(PANEL).enumerate() {
+            dst.iter_mut().take(width).enumerate().for_each(|(j, d)| *d = widen(rows[j * k + p]));
+        }
+    };
+    panels(out, &rounded(x), (tokens, k, n), &fill);
+}
+
+/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
+pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // panel[q][o][j] = W[o][c0 + 8q + j]
+        let fill = |c0: usize, width: usize, q: usize, panel: &mut [f32]| {
+            let (c, w8) = (c0 + q * 8, width.saturating_sub(q * 8).min(8));
+            // SAFETY: AVX2 and FMA are available.
+            unsafe { super::avx2::pack_columns(panel, w, (rows, cols), c.min(cols), w8) };
+        };
+        return packed(out, dy, (tokens, rows, cols), &fill);
+    }
+    // panel[o][j] = W[o][c0 + j]
+    let fill = |c0: usize, width: usize, panel: &mut [f32]| {
+        for (o, dst) in panel.chunks_exact_mut(PANEL).enumerate() {
+            let src = &w[o * cols + c0..o * cols + c0 + width];
+            dst.iter_mut().zip(src).for_each(|(d, &b)| *d = widen(b));
+        }
+    };
+    panels(out, &rounded(dy), (tokens, rows, cols), &fill);
+}
 
 fn rounded(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| widen(round_bits(v))).collect()
 }
 
-/// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` bits.
-pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
-    let x = rounded(x);
-    // panel = W[n0 .. n0 + cols, :] as f32 `[cols, k]`, read as B = panel^T
-    let widen_rows = |n0: usize, cols: usize, panel: &mut Vec<f32>| {
-        panel.clear();
-        panel.extend(w[n0 * k..(n0 + cols) * k].iter().map(|&b| widen(b)));
-        (1, k)
-    };
-    panels(out, &x, (tokens, k, n), &widen_rows);
-}
-
-/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
-pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
-    let dy = rounded(dy);
-    // panel = W[:, c0 .. c0 + width] as f32 `[rows, width]`
-    let widen_cols = |c0: usize, width: usize, panel: &mut Vec<f32>| {
-        panel.clear();
-        for r in 0..rows {
-            panel.extend(w[r * cols + c0..r * cols + c0 + width].iter().map(|&b| widen(b)));
-        }
-        (width, 1)
-    };
-    panels(out, &dy, (tokens, rows, cols), &widen_cols);
-}
-
 /// `out[m, n] = a[m, k] B` where `fill(n0, width, panel)` writes columns
-/// `n0 .. n0 + width` of B into `panel` and returns its (row, column) strides.
-fn panels(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn Fn(usize, usize, &mut Vec<f32>) -> (usize, usize) + Sync)) {
+/// `n0 .. n0 + width` of B into `panel` (`[k][PANEL]`, row-major).
+fn panels(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn Fn(usize, usize, &mut [f32]) + Sync)) {
     if m == 0 || n == 0 {
         return;
     }
     let out_ptr = SharedMut(out.as_mut_ptr());
-    (0..n.div_ceil(PANEL)).into_par_iter().for_each_init(Vec::new, |panel, p| {
+    (0..n.div_ceil(PANEL)).into_par_iter().for_each_init(Vec::new, |panel: &mut Vec<f32>, p| {
         let out_ptr = out_ptr;
         let (n0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
-        let (rs, cs) = fill(n0, width, panel);
-        // SAFETY: `a` is [m, k], `panel` holds k x width at strides (rs, cs);
-        // the call writes columns n0 .. n0 + width of `out` ([m, n]), which no
-        // other panel writes; beta = 0 so `out` is not read.
-        unsafe {
-            matrixmultiply::sgemm(m, k, width, 1.0, a.as_ptr(), k as isize, 1, panel.as_ptr(), rs as isize, cs as isize, 0.0, out_ptr.0.add(n0), n as isize, 1);
+        panel.resize(k * PANEL, 0.0);
+        fill(n0, width, panel);
+        // SAFETY: `a` is [m, k] and `panel` k rows of PANEL >= width; the
+        // call writes columns n0 .. n0 + width of `out` ([m, n]), which no
+        // other panel writes.
+        unsafe { matmul_unpacked_columns(out_ptr.0.add(n0), n, a, (k, 1), panel, PANEL, (m, k, width), 1.0) };
+    });
+}
+
+/// [`panels`] on the AVX2 tiles: `x` rounded into 8-row slivers once,
+/// then per panel its four 8-column parts packed by `fill(n0, width, q,
+/// part)` (`[k][8]` each) and every sliver multiplied by all four while it
+/// is in L1.
+#[cfg(target_arch = "x86_64")]
+fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn Fn(usize, usize, usize, &mut [f32]) + Sync)) {
+    use super::avx2::{pack_rows_rounded, tile, MR, NR};
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let slivers_n = m.div_ceil(MR);
+    let mut slivers = vec![0f32; slivers_n * k * MR];
+    slivers.par_chunks_mut(4 * k * MR).enumerate().for_each(|(c, dst)| {
+        let (r0, r1) = (c * 4 * MR, m.min((c + 1) * 4 * MR));
+        // SAFETY: AVX2 and FMA are available (the caller checked).
+        unsafe { pack_rows_rounded(dst, &x[r0 * k..r1 * k], (r1 - r0, k)) };
+    });
+    let slivers = &slivers;
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    (0..n.div_ceil(PANEL)).into_par_iter().for_each_init(Vec::new, |panel: &mut Vec<f32>, p| {
+        let out_ptr = out_ptr;
+        let (n0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
+        let parts = width.div_ceil(NR);
+        panel.resize(parts * k * NR, 0.0);
+        for (q, part) in panel.chunks_exact_mut(k * NR).enumerate() {
+            fill(n0, width, q, part);
+        }
+        for (s, sliver) in slivers.chunks_exact(k * MR).enumerate() {
+            let rows = (m - s * MR).min(MR);
+            for (q, part) in panel.chunks_exact(k * NR).enumerate() {
+                let cols = (width - q * NR).min(NR);
+                // SAFETY: AVX2 and FMA are available; the tile writes rows
+                // s * 8 .. + rows and columns n0 + 8q .. + cols of `out`
+                // ([m, n]), which only this panel writes.
+                unsafe { tile(sliver, part, k, out_ptr.0.add(s * MR * n + n0 + q * NR), n, (rows, cols)) };
+            }
         }
     });
 }

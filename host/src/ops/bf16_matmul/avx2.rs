@@ -1,0 +1,264 @@
+//! The portable kernel's fast path on CPUs with AVX2 and FMA but no AMX
+//! (measured on an AMD EPYC, Zen 1): both operands packed so that an 8x8
+//! register tile streams them with aligned loads and broadcasts.
+//!
+//! - The activation, rounded to bf16 once per call, becomes slivers of 8
+//!   rows, `[m / 8][k][8]` (8x8 transposes in registers): a tile's 8
+//!   broadcasts per reduction step come from one 32-byte row.
+//! - Per 8 output columns, W widened to f32 becomes a panel `[k][8]`
+//!   (8x8 transposes for the forward, plain row copies for the input
+//!   gradient): one aligned load per step.
+//! - The tile keeps 8 accumulators (each an FMA chain over `p = 0..k` in
+//!   order, so results do not depend on how the work is split) and is
+//!   bound by the FMA units: 8 FMAs per step against 9 loads.
+//!
+//! Everything here runs on the calling thread; `portable.rs` splits the
+//! output columns over rayon.
+use std::arch::x86_64::*;
+
+/// Rows of a register tile (and of an activation sliver).
+pub(super) const MR: usize = 8;
+/// Columns of a register tile (and of a weight panel).
+pub(super) const NR: usize = 8;
+
+/// Whether this CPU runs the code here.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// `x: [m, k]` rounded to bf16 (as [`super::round_bits`], kept as f32)
+/// into slivers `dst: [m.div_ceil(8)][k][8]`, zero past row `m`.
+///
+/// # Safety
+/// AVX2 and FMA available ([`available`]).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn pack_rows_rounded(dst: &mut [f32], x: &[f32], (m, k): (usize, usize)) {
+    assert!(dst.len() == m.div_ceil(MR) * k * MR && x.len() == m * k);
+    let k8 = k / 8 * 8;
+    for (s, sliver) in dst.chunks_exact_mut(k * MR).enumerate() {
+        let rows = (m - s * MR).min(MR);
+        let src = &x[s * MR * k..(s * MR + rows) * k];
+        for p in (0..k8).step_by(8) {
+            // SAFETY: row i < rows of `src`, columns p .. p + 8 <= k.
+            let r: [__m256; 8] = std::array::from_fn(|i| if i < rows { round8(unsafe { _mm256_loadu_ps(src.as_ptr().add(i * k + p)) }) } else { _mm256_setzero_ps() });
+            for (pp, v) in transpose8(r).into_iter().enumerate() {
+                // SAFETY: step p + pp < k of the sliver.
+                unsafe { _mm256_storeu_ps(sliver.as_mut_ptr().add((p + pp) * MR), v) };
+            }
+        }
+        for p in k8..k {
+            for i in 0..MR {
+                sliver[p * MR + i] = if i < rows { super::widen(super::round_bits(src[i * k + p])) } else { 0.0 };
+            }
+        }
+    }
+}
+
+/// `dst[p][j] = widen(rows[j][p])` (`dst: [k][8]`, `rows: [width <= 8][k]`
+/// bf16 bits), zero for `j >= width`: the forward's panel of W.
+///
+/// # Safety
+/// AVX2 available.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn pack_transposed(dst: &mut [f32], rows: &[u16], width: usize, k: usize) {
+    assert!(dst.len() == k * NR && rows.len() == width * k && width <= NR);
+    let k8 = k / 8 * 8;
+    for p in (0..k8).step_by(8) {
+        // SAFETY: row j < width, columns p .. p + 8 <= k.
+        let r: [__m256; 8] = std::array::from_fn(|j| if j < width { widen8(unsafe { rows.as_ptr().add(j * k + p) }) } else { _mm256_setzero_ps() });
+        for (pp, v) in transpose8(r).into_iter().enumerate() {
+            // SAFETY: step p + pp < k of the panel.
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((p + pp) * NR), v) };
+        }
+    }
+    for p in k8..k {
+        for j in 0..NR {
+            dst[p * NR + j] = if j < width { super::widen(rows[j * k + p]) } else { 0.0 };
+        }
+    }
+}
+
+/// `dst[o][j] = widen(w[o * cols + c0 + j])` for `o < rows`, `j < width`
+/// (`dst: [rows][8]`), zero for `j >= width`: the input gradient's panel.
+///
+/// # Safety
+/// AVX2 available.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn pack_columns(dst: &mut [f32], w: &[u16], (rows, cols): (usize, usize), c0: usize, width: usize) {
+    assert!(dst.len() == rows * NR && w.len() >= rows * cols && c0 + width <= cols && width <= NR);
+    for (o, d) in dst.chunks_exact_mut(NR).enumerate() {
+        let src = &w[o * cols + c0..o * cols + c0 + width];
+        if width == NR {
+            // SAFETY: 8 values of row o; `d` is 8 f32.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), widen8(src.as_ptr())) };
+        } else {
+            d.iter_mut().enumerate().for_each(|(j, v)| *v = src.get(j).map_or(0.0, |&b| super::widen(b)));
+        }
+    }
+}
+
+/// `out[i * ld + j] = sum_p a[p][i] b[p][j]` for `i < rows`, `j < cols`:
+/// one 8x8 tile from an activation sliver `a: [k][8]` and a panel
+/// `b: [k][8]`.
+///
+/// # Safety
+/// AVX2 and FMA available; `a` and `b` hold `k * 8` values; `out` has
+/// `rows <= 8` rows of `cols <= 8` values, `ld` apart, that nothing else
+/// touches meanwhile.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile(a: &[f32], b: &[f32], k: usize, out: *mut f32, ld: usize, (rows, cols): (usize, usize)) {
+    assert!(a.len() >= k * MR && b.len() >= k * NR);
+    let mut acc = [_mm256_setzero_ps(); MR];
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    for p in 0..k {
+        // SAFETY: step p < k of both.
+        unsafe {
+            let bv = _mm256_loadu_ps(pb.add(p * NR));
+            for (i, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&*pa.add(p * MR + i)), bv, *acc);
+            }
+        }
+    }
+    if cols == NR {
+        for (i, acc) in acc.iter().enumerate().take(rows) {
+            // SAFETY: row i < rows of `out`, 8 columns.
+            unsafe { _mm256_storeu_ps(out.add(i * ld), *acc) };
+        }
+    } else {
+        let mut lanes = [0f32; NR];
+        for (i, acc) in acc.iter().enumerate().take(rows) {
+            // SAFETY: `lanes` holds 8 f32; row i < rows of `out`, cols columns.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(i * ld), cols);
+            }
+        }
+    }
+}
+
+/// 8 bf16 (bits at `src`) widened to f32.
+///
+/// # Safety
+/// AVX2 available; `src` holds 8 values.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn widen8(src: *const u16) -> __m256 {
+    // SAFETY: 16 bytes at `src`.
+    let bits = unsafe { _mm_loadu_si128(src.cast()) };
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+}
+
+/// 8 f32 rounded to bf16 (kept as f32), nearest even, NaNs quiet: the
+/// values of [`super::round_bits`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn round8(v: __m256) -> __m256 {
+    let b = _mm256_castps_si256(v);
+    let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
+    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
+    let rounded = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), high);
+    let nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fff_ffff)), _mm256_set1_epi32(0x7f80_0000));
+    let quiet = _mm256_and_si256(_mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000)), high);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan))
+}
+
+/// 8x8 transpose: lane `j` of result `c` is lane `c` of `r[j]`.
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // t[2q] holds rows 2q, 2q + 1 interleaved at columns 0, 1 (low half)
+    // and 4, 5 (high half); t[2q + 1] the same at 2, 3 / 6, 7
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // u[4g + h]: rows 4g .. 4g + 4 of the columns (0, 4), (2, 6), (1, 5),
+    // (3, 7) for h = 0, 1, 2, 3 (low half, high half)
+    let u: [__m256; 8] = std::array::from_fn(|i| {
+        let (g, h) = (i / 4, i % 4);
+        let (a, b) = (t[4 * g + h % 2], t[4 * g + 2 + h % 2]);
+        if h < 2 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    // column c: rows 0..4 from u[h], rows 4..8 from u[4 + h]
+    std::array::from_fn(|c| {
+        let h = [0, 2, 1, 3][c % 4];
+        if c < 4 {
+            _mm256_permute2f128_ps::<0x20>(u[h], u[4 + h])
+        } else {
+            _mm256_permute2f128_ps::<0x31>(u[h], u[4 + h])
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::bf16_matmul::{round_bits, widen};
+
+    #[test]
+    fn packing_and_tile_match_scalar_definitions() {
+        if !available() {
+            eprintln!("no AVX2+FMA here: nothing to check");
+            return;
+        }
+        let (m, k) = (13, 21);
+        let mut x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        x[8 * k + 5] = f32::NAN; // in the second sliver: the tile below reads the first
+        x[6] = f32::from_bits(0x3f80_8000); // halfway between two bf16: down to the even one
+        x[7] = f32::from_bits(0x3f81_8000); // halfway: up to the even one
+        let mut slivers = vec![f32::NAN; m.div_ceil(MR) * k * MR];
+        // SAFETY: checked by `available`.
+        unsafe { pack_rows_rounded(&mut slivers, &x, (m, k)) };
+        for s in 0..m.div_ceil(MR) {
+            for p in 0..k {
+                for i in 0..MR {
+                    let got = slivers[(s * k + p) * MR + i];
+                    let want = if s * MR + i < m { widen(round_bits(x[(s * MR + i) * k + p])) } else { 0.0 };
+                    assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "sliver {s} step {p} row {i}: {got} vs {want}");
+                }
+            }
+        }
+        let w: Vec<u16> = (0..5 * k).map(|i| round_bits((i as f32 * 0.11).cos())).collect();
+        let mut panel = vec![f32::NAN; k * NR];
+        // SAFETY: as above.
+        unsafe { pack_transposed(&mut panel, &w, 5, k) };
+        for p in 0..k {
+            for j in 0..NR {
+                let want = if j < 5 { widen(w[j * k + p]) } else { 0.0 };
+                assert_eq!(panel[p * NR + j], want, "forward panel step {p} column {j}");
+            }
+        }
+        // the input gradient's panel: columns 3 .. 9 of w read as [5, k]
+        let mut cols_panel = vec![f32::NAN; 5 * NR];
+        // SAFETY: as above.
+        unsafe { pack_columns(&mut cols_panel, &w, (5, k), 3, 6) };
+        for o in 0..5 {
+            for j in 0..NR {
+                let want = if j < 6 { widen(w[o * k + 3 + j]) } else { 0.0 };
+                assert_eq!(cols_panel[o * NR + j], want, "input-gradient panel row {o} column {j}");
+            }
+        }
+        // one tile: 5 rows x 6 columns of sliver 0 times the forward panel
+        let mut out = vec![f32::NAN; 5 * 9];
+        // SAFETY: `out` is 5 rows of 9.
+        unsafe { tile(&slivers[..k * MR], &panel, k, out.as_mut_ptr(), 9, (5, 6)) };
+        for i in 0..5 {
+            for j in 0..9 {
+                let got = out[i * 9 + j];
+                if j >= 6 {
+                    assert!(got.is_nan(), "wrote past the tile");
+                    continue;
+                }
+                let want = (0..k).fold(0f32, |s, p| slivers[p * MR + i].mul_add(panel[p * NR + j], s));
+                assert_eq!(got.to_bits(), want.to_bits(), "tile [{i}][{j}]: an FMA chain in step order");
+            }
+        }
+    }
+}
