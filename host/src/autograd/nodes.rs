@@ -242,9 +242,9 @@ fn lora_backward(
 ) -> Result<[Option<Tensor>; 3]> {
     let shapes = branch::Shapes::of(x, a, b)?;
     let mut grads = branch::Grads {
-        dx: wanted[0].then(|| vec![0.0; x.len()]),
-        da: wanted[1].then(|| vec![0.0; a.len()]),
-        db: wanted[2].then(|| vec![0.0; b.len()]),
+        dx: wanted[0].then(|| crate::tensor::zeroed(x.len())),
+        da: wanted[1].then(|| crate::tensor::zeroed(a.len())),
+        db: wanted[2].then(|| crate::tensor::zeroed(b.len())),
     };
     branch::backward(&mut grads, &dout.data, &x.data, &a.data, &b.data, xa, scaling, dropout, shapes);
     let wrap = |d: Option<Vec<f32>>, like: &Tensor| d.map(|d| Tensor { shape: like.shape.clone(), data: d });
