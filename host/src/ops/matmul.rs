@@ -448,19 +448,32 @@ mod avx2 {
     pub(super) unsafe fn tiles(p: Unpacked) {
         let full_rows = p.m - p.m % MR;
         for j0 in (0..p.n).step_by(LANES) {
-            let masks: [__m256i; 2] = std::array::from_fn(|v| lane_mask((p.n - j0).saturating_sub(v * HALF)));
-            for i0 in (0..full_rows).step_by(MR) {
-                tile::<MR>(p, i0, j0, masks);
+            if p.n - j0 >= LANES {
+                rows_of::<true>(p, j0, full_rows);
+            } else {
+                rows_of::<false>(p, j0, full_rows);
             }
-            // the leftover rows as one shorter tile (the rank side has 16)
-            match p.m - full_rows {
-                0 => {}
-                1 => tile::<1>(p, full_rows, j0, masks),
-                2 => tile::<2>(p, full_rows, j0, masks),
-                3 => tile::<3>(p, full_rows, j0, masks),
-                4 => tile::<4>(p, full_rows, j0, masks),
-                _ => tile::<5>(p, full_rows, j0, masks),
-            }
+        }
+    }
+
+    /// Every row of the 16 columns from `j0`; `FULL` when all 16 are real
+    /// (plain loads: the masks would take two of the 16 registers, and
+    /// with them the accumulators spilled).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_of<const FULL: bool>(p: Unpacked, j0: usize, full_rows: usize) {
+        let masks: [__m256i; 2] = std::array::from_fn(|v| lane_mask((p.n - j0).saturating_sub(v * HALF)));
+        for i0 in (0..full_rows).step_by(MR) {
+            tile::<MR, FULL>(p, i0, j0, masks);
+        }
+        // the leftover rows as one shorter tile (the rank side has 16)
+        match p.m - full_rows {
+            0 => {}
+            1 => tile::<1, FULL>(p, full_rows, j0, masks),
+            2 => tile::<2, FULL>(p, full_rows, j0, masks),
+            3 => tile::<3, FULL>(p, full_rows, j0, masks),
+            4 => tile::<4, FULL>(p, full_rows, j0, masks),
+            _ => tile::<5, FULL>(p, full_rows, j0, masks),
         }
     }
 
@@ -471,15 +484,16 @@ mod avx2 {
         _mm256_cmpgt_epi32(_mm256_set1_epi32(valid.min(HALF) as i32), lanes)
     }
 
-    /// One `R x 16` tile at `(i0, j0)`, `masks` selecting the real columns.
+    /// One `R x 16` tile at `(i0, j0)`, `masks` selecting the real columns
+    /// (all of them when `FULL`).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile<const R: usize>(p: Unpacked, i0: usize, j0: usize, masks: [__m256i; 2]) {
+    unsafe fn tile<const R: usize, const FULL: bool>(p: Unpacked, i0: usize, j0: usize, masks: [__m256i; 2]) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let row_off: [usize; R] = std::array::from_fn(|i| (i0 + i) * p.rs);
         for q in 0..p.k {
             let src = p.rhs.add(q * p.rhs_stride + j0);
-            let b: [__m256; 2] = std::array::from_fn(|v| _mm256_maskload_ps(src.add(v * HALF), masks[v]));
+            let b: [__m256; 2] = std::array::from_fn(|v| if FULL { _mm256_loadu_ps(src.add(v * HALF)) } else { _mm256_maskload_ps(src.add(v * HALF), masks[v]) });
             let lhs = p.lhs.add(q * p.cs);
             for i in 0..R {
                 let a = _mm256_broadcast_ss(&*lhs.add(row_off[i]));
@@ -494,10 +508,17 @@ mod avx2 {
             for v in 0..2 {
                 let dst = dst.add(v * HALF);
                 let mut r = _mm256_mul_ps(scale, acc[v]);
-                if p.accumulate {
-                    r = _mm256_add_ps(_mm256_maskload_ps(dst, masks[v]), r);
+                if FULL {
+                    if p.accumulate {
+                        r = _mm256_add_ps(_mm256_loadu_ps(dst), r);
+                    }
+                    _mm256_storeu_ps(dst, r);
+                } else {
+                    if p.accumulate {
+                        r = _mm256_add_ps(_mm256_maskload_ps(dst, masks[v]), r);
+                    }
+                    _mm256_maskstore_ps(dst, masks[v], r);
                 }
-                _mm256_maskstore_ps(dst, masks[v], r);
             }
         }
     }
