@@ -430,17 +430,19 @@ mod avx512 {
     }
 }
 
-/// [`tiles`] in AVX2 intrinsics for CPUs without AVX-512: 6 x 16 tiles
-/// (12 accumulators of the 16 registers), masked loads and stores at the
-/// right edge. Each output element is the same `fmadd` chain over `p` as
+/// [`tiles`] in AVX2 intrinsics for CPUs without AVX-512: 4 x 16 tiles,
+/// masked loads and stores at the right edge. Each output element is the same `fmadd` chain over `p` as
 /// in the other two forms, so all three give the same bits.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Unpacked, LANES};
     use std::arch::x86_64::*;
 
-    /// Rows per tile.
-    const MR: usize = 6;
+    /// Rows per tile: callers split rows in blocks of 8 (`TILE_ROWS`), and
+    /// the rank side has 16, so 4 (8 accumulators, still more chains than
+    /// the FMA latency needs) keeps every tile full where 6 left a 2-row
+    /// tile streaming the whole right-hand side for two rows.
+    const MR: usize = 4;
     /// f32 lanes of one AVX register.
     const HALF: usize = LANES / 2;
 
@@ -471,9 +473,7 @@ mod avx2 {
             0 => {}
             1 => tile::<1, FULL>(p, full_rows, j0, masks),
             2 => tile::<2, FULL>(p, full_rows, j0, masks),
-            3 => tile::<3, FULL>(p, full_rows, j0, masks),
-            4 => tile::<4, FULL>(p, full_rows, j0, masks),
-            _ => tile::<5, FULL>(p, full_rows, j0, masks),
+            _ => tile::<3, FULL>(p, full_rows, j0, masks),
         }
     }
 
