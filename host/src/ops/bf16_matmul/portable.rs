@@ -18,9 +18,28 @@ const PANEL: usize = 32;
 
 /// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` bits.
 pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
+    forward_on(out, x, tokens, w, (n, k), simd_tiles());
+}
+
+/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
+pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
+    input_grad_on(out, dy, tokens, w, (rows, cols), simd_tiles());
+}
+
+/// Whether the packed AVX2 tiles can run here.
+fn simd_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// [`forward`] on the AVX2 tiles (`avx2`, which the caller checked) or
+/// on `matmul_unpacked`'s.
+fn forward_on(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), avx2: bool) {
     let rows_of = |n0: usize, width: usize| &w[n0 * k..(n0 + width) * k];
     #[cfg(target_arch = "x86_64")]
-    if super::avx2::available() {
+    if avx2 {
         // panel[q][p][j] = W[n0 + 8q + j][p]
         let fill = |n0: usize, width: usize, q: usize, panel: &mut [f32]| {
             let (c0, w8) = (n0 + q * 8, width.saturating_sub(q * 8).min(8));
@@ -39,10 +58,10 @@ pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: u
     panels(out, &rounded(x), (tokens, k, n), &fill);
 }
 
-/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
-pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
+/// [`input_grad`] on either tiles, as [`forward_on`].
+fn input_grad_on(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, cols): (usize, usize), avx2: bool) {
     #[cfg(target_arch = "x86_64")]
-    if super::avx2::available() {
+    if avx2 {
         // panel[q][o][j] = W[o][c0 + 8q + j]
         let fill = |c0: usize, width: usize, q: usize, panel: &mut [f32]| {
             let (c, w8) = (c0 + q * 8, width.saturating_sub(q * 8).min(8));
@@ -148,4 +167,34 @@ fn grown(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
         buf.resize(len, 0.0);
     }
     &mut buf[..len]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packed AVX2 tiles and the generic ones (what a CPU without
+    /// AVX2 runs) compute every output element as the same FMA chain over
+    /// the reduction in order, so they agree bit for bit; edges in every
+    /// dimension.
+    #[test]
+    fn packed_and_generic_tiles_give_the_same_bits() {
+        if !simd_tiles() {
+            eprintln!("no AVX2+FMA here: only the generic tiles run");
+            return;
+        }
+        let values = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin() * 2.0).collect::<Vec<f32>>();
+        for (tokens, out_f, in_f) in [(1, 3, 5), (13, 40, 21), (37, 70, 96), (256, 33, 64)] {
+            let w: Vec<u16> = values(out_f * in_f, 0.37).into_iter().map(round_bits).collect();
+            let (x, dy) = (values(tokens * in_f, 0.71), values(tokens * out_f, 0.53));
+            let run = |avx2: bool| {
+                let (mut y, mut dx) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * in_f]);
+                forward_on(&mut y, &x, tokens, &w, (out_f, in_f), avx2);
+                input_grad_on(&mut dx, &dy, tokens, &w, (out_f, in_f), avx2);
+                (y, dx)
+            };
+            let bits = |v: (Vec<f32>, Vec<f32>)| v.0.iter().chain(&v.1).map(|f| f.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(run(true)), bits(run(false)), "{tokens}x{in_f}->{out_f}");
+        }
+    }
 }
