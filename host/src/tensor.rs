@@ -53,16 +53,6 @@ pub fn add_assign(acc: &mut [f32], g: &[f32]) {
     }
 }
 
-/// `dst.copy_from_slice(src)`, large slices on the rayon pool.
-pub fn copy_into(dst: &mut [f32], src: &[f32]) {
-    assert_eq!(dst.len(), src.len(), "copy_into lengths");
-    if dst.len() < PAR_CHUNK {
-        dst.copy_from_slice(src);
-    } else {
-        dst.par_chunks_mut(PAR_CHUNK).zip(src.par_chunks(PAR_CHUNK)).for_each(|(d, s)| d.copy_from_slice(s));
-    }
-}
-
 /// `v[i] += 0.0` (turns -0.0 into +0.0, as a sum into zeros does), large
 /// slices on the rayon pool.
 pub fn add_zero(v: &mut [f32]) {
@@ -104,13 +94,8 @@ pub struct Tensor {
 /// tape clones activations (RoPE inputs, the adapter's factors).
 impl Clone for Tensor {
     fn clone(&self) -> Self {
-        let data = match spare::reuse(self.data.len()) {
-            Some(mut data) => {
-                copy_into(&mut data, &self.data);
-                data
-            }
-            None => par_filled(self.data.len(), |at, c| c.iter_mut().zip(&self.data[at..]).for_each(|(d, &s)| *d = MaybeUninit::new(s))),
-        };
+        // par_filled takes a pooled buffer of this length when there is one
+        let data = par_filled(self.data.len(), |at, c| c.iter_mut().zip(&self.data[at..]).for_each(|(d, &s)| *d = MaybeUninit::new(s)));
         Tensor { shape: self.shape.clone(), data }
     }
 }

@@ -251,12 +251,19 @@ unsafe fn run_unpacked(p: Unpacked) {
         return unsafe { avx512::tiles(p) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if has_avx2_fma() {
         // SAFETY: as above.
         return unsafe { avx2::tiles(p) };
     }
     // SAFETY: as above.
     unsafe { tiles(p) }
+}
+
+/// Whether the CPU has AVX2 and FMA (the [`avx2`] tiles here and the
+/// bf16 kernel's packed ones).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
 /// Arguments of [`matmul_unpacked`] after its checks: `out` covers `m`
@@ -431,8 +438,9 @@ mod avx512 {
 }
 
 /// [`tiles`] in AVX2 intrinsics for CPUs without AVX-512: 4 x 16 tiles,
-/// masked loads and stores at the right edge. Each output element is the same `fmadd` chain over `p` as
-/// in the other two forms, so all three give the same bits.
+/// masked loads and stores at the right edge. Each output element is the
+/// same `fmadd` chain over `p` as in the other two forms, so all three
+/// give the same bits.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Unpacked, LANES};
@@ -601,7 +609,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_tiles_equal_portable_tiles_bit_for_bit() {
-        if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+        if !has_avx2_fma() {
             eprintln!("no AVX2+FMA here: nothing to compare");
             return;
         }

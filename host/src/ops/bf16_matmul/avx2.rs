@@ -1,13 +1,13 @@
 //! The portable kernel's fast path on CPUs with AVX2 and FMA but no AMX
 //! (measured on an AMD EPYC, Zen 1): both operands packed so that an 8x8
-//! register tile streams them with aligned loads and broadcasts.
+//! register tile streams them with contiguous loads and broadcasts.
 //!
 //! - The activation, rounded to bf16 once per call, becomes slivers of 8
 //!   rows, `[m / 8][k][8]` (8x8 transposes in registers): a tile's 8
 //!   broadcasts per reduction step come from one 32-byte row.
 //! - Per 8 output columns, W widened to f32 becomes a panel `[k][8]`
 //!   (8x8 transposes for the forward, plain row copies for the input
-//!   gradient): one aligned load per step.
+//!   gradient): one contiguous load per step.
 //! - The tile keeps 8 accumulators (each an FMA chain over `p = 0..k` in
 //!   order, so results do not depend on how the work is split) and is
 //!   bound by the FMA units: 8 FMAs per step against 9 loads.
@@ -23,7 +23,7 @@ pub(super) const NR: usize = 8;
 
 /// Whether this CPU runs the code here.
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    crate::ops::matmul::has_avx2_fma()
 }
 
 /// `x: [m, k]` rounded to bf16 (as [`super::round_bits`], kept as f32)
