@@ -1,25 +1,27 @@
 //! The portable kernel's fast path on CPUs with AVX2 and FMA but no AMX
-//! (measured on an AMD EPYC, Zen 1): both operands packed so that an 8x8
+//! (measured on an AMD EPYC, Zen 1): both operands packed so that a 4x16
 //! register tile streams them with contiguous loads and broadcasts.
 //!
-//! - The activation, rounded to bf16 once per call, becomes slivers of 8
-//!   rows, `[m / 8][k][8]` (8x8 transposes in registers): a tile's 8
-//!   broadcasts per reduction step come from one 32-byte row.
-//! - Per 8 output columns, W widened to f32 becomes a panel `[k][8]`
-//!   (8x8 transposes for the forward, plain row copies for the input
-//!   gradient): one contiguous load per step.
-//! - The tile keeps 8 accumulators (each an FMA chain over `p = 0..k` in
-//!   order, so results do not depend on how the work is split) and is
-//!   bound by the FMA units: 8 FMAs per step against 9 loads.
+//! - The activation, rounded to bf16 once per call, becomes slivers of 4
+//!   rows, `[m / 4][k][4]` (8x8 transposes in registers, half of each
+//!   kept): a tile's 4 broadcasts per reduction step come from 16 bytes.
+//! - Per 16 output columns, W widened to f32 becomes a panel `[k][16]`
+//!   (two 8x8 transposes per 8 steps for the forward, plain row copies for
+//!   the input gradient): two contiguous loads per step.
+//! - The tile keeps 8 accumulators (4 rows x 2 halves; each an FMA chain
+//!   over `p = 0..k` in order, so results do not depend on how the work is
+//!   split or on the tile's shape) and is bound by the FMA units: 8 FMAs
+//!   per step against 6 loads. An 8x8 tile (8 broadcasts per 8 FMAs) ran at
+//!   81% of the FMA peak with its operands in L1; 4x16 runs at 99%.
 //!
 //! Everything here runs on the calling thread; `portable.rs` splits the
 //! output columns over rayon.
 use std::arch::x86_64::*;
 
 /// Rows of a register tile (and of an activation sliver).
-pub(super) const MR: usize = 8;
+pub(super) const MR: usize = 4;
 /// Columns of a register tile (and of a weight panel).
-pub(super) const NR: usize = 8;
+pub(super) const NR: usize = 16;
 
 /// Whether this CPU runs the code here.
 pub(super) fn available() -> bool {
@@ -27,7 +29,7 @@ pub(super) fn available() -> bool {
 }
 
 /// `x: [m, k]` rounded to bf16 (as [`super::round_bits`], kept as f32)
-/// into slivers `dst: [m.div_ceil(8)][k][8]`, zero past row `m`.
+/// into slivers `dst: [m.div_ceil(4)][k][4]`, zero past row `m`.
 ///
 /// # Safety
 /// AVX2 and FMA available ([`available`]).
@@ -42,8 +44,8 @@ pub(super) unsafe fn pack_rows_rounded(dst: &mut [f32], x: &[f32], (m, k): (usiz
             // SAFETY: row i < rows of `src`, columns p .. p + 8 <= k.
             let r: [__m256; 8] = std::array::from_fn(|i| if i < rows { round8(unsafe { _mm256_loadu_ps(src.as_ptr().add(i * k + p)) }) } else { _mm256_setzero_ps() });
             for (pp, v) in transpose8(r).into_iter().enumerate() {
-                // SAFETY: step p + pp < k of the sliver.
-                unsafe { _mm256_storeu_ps(sliver.as_mut_ptr().add((p + pp) * MR), v) };
+                // SAFETY: step p + pp < k of the sliver; lanes 0..4 are rows 0..4.
+                unsafe { _mm_storeu_ps(sliver.as_mut_ptr().add((p + pp) * MR), _mm256_castps256_ps128(v)) };
             }
         }
         for p in k8..k {
@@ -54,7 +56,7 @@ pub(super) unsafe fn pack_rows_rounded(dst: &mut [f32], x: &[f32], (m, k): (usiz
     }
 }
 
-/// `dst[p][j] = widen(rows[j][p])` (`dst: [k][8]`, `rows: [width <= 8][k]`
+/// `dst[p][j] = widen(rows[j][p])` (`dst: [k][16]`, `rows: [width <= 16][k]`
 /// bf16 bits), zero for `j >= width`: the forward's panel of W.
 ///
 /// # Safety
@@ -64,11 +66,13 @@ pub(super) unsafe fn pack_transposed(dst: &mut [f32], rows: &[u16], width: usize
     assert!(dst.len() == k * NR && rows.len() == width * k && width <= NR);
     let k8 = k / 8 * 8;
     for p in (0..k8).step_by(8) {
-        // SAFETY: row j < width, columns p .. p + 8 <= k.
-        let r: [__m256; 8] = std::array::from_fn(|j| if j < width { widen8(unsafe { rows.as_ptr().add(j * k + p) }) } else { _mm256_setzero_ps() });
-        for (pp, v) in transpose8(r).into_iter().enumerate() {
-            // SAFETY: step p + pp < k of the panel.
-            unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((p + pp) * NR), v) };
+        for half in 0..2 {
+            // SAFETY: row j < width, columns p .. p + 8 <= k.
+            let r: [__m256; 8] = std::array::from_fn(|j| if half * 8 + j < width { widen8(unsafe { rows.as_ptr().add((half * 8 + j) * k + p) }) } else { _mm256_setzero_ps() });
+            for (pp, v) in transpose8(r).into_iter().enumerate() {
+                // SAFETY: step p + pp < k of the panel, columns half * 8 .. + 8.
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((p + pp) * NR + half * 8), v) };
+            }
         }
     }
     for p in k8..k {
@@ -79,7 +83,7 @@ pub(super) unsafe fn pack_transposed(dst: &mut [f32], rows: &[u16], width: usize
 }
 
 /// `dst[o][j] = widen(w[o * cols + c0 + j])` for `o < rows`, `j < width`
-/// (`dst: [rows][8]`), zero for `j >= width`: the input gradient's panel.
+/// (`dst: [rows][16]`), zero for `j >= width`: the input gradient's panel.
 ///
 /// # Safety
 /// AVX2 available.
@@ -89,8 +93,11 @@ pub(super) unsafe fn pack_columns(dst: &mut [f32], w: &[u16], (rows, cols): (usi
     for (o, d) in dst.chunks_exact_mut(NR).enumerate() {
         let src = &w[o * cols + c0..o * cols + c0 + width];
         if width == NR {
-            // SAFETY: 8 values of row o; `d` is 8 f32.
-            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), widen8(src.as_ptr())) };
+            // SAFETY: 16 values of row o; `d` is 16 f32.
+            unsafe {
+                _mm256_storeu_ps(d.as_mut_ptr(), widen8(src.as_ptr()));
+                _mm256_storeu_ps(d.as_mut_ptr().add(8), widen8(src.as_ptr().add(8)));
+            }
         } else {
             d.iter_mut().enumerate().for_each(|(j, v)| *v = src.get(j).map_or(0.0, |&b| super::widen(b)));
         }
@@ -98,38 +105,40 @@ pub(super) unsafe fn pack_columns(dst: &mut [f32], w: &[u16], (rows, cols): (usi
 }
 
 /// `out[i * ld + j] = sum_p a[p][i] b[p][j]` for `i < rows`, `j < cols`:
-/// one 8x8 tile from an activation sliver `a: [k][8]` and a panel
-/// `b: [k][8]`.
+/// one 4x16 tile from an activation sliver `a: [k][4]` and a panel
+/// `b: [k][16]`.
 ///
 /// # Safety
-/// AVX2 and FMA available; `a` and `b` hold `k * 8` values; `out` has
-/// `rows <= 8` rows of `cols <= 8` values, `ld` apart, that nothing else
-/// touches meanwhile.
+/// AVX2 and FMA available; `a` and `b` hold `k * 4` and `k * 16` values;
+/// `out` has `rows <= 4` rows of `cols <= 16` values, `ld` apart, that
+/// nothing else touches meanwhile.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn tile(a: &[f32], b: &[f32], k: usize, out: *mut f32, ld: usize, (rows, cols): (usize, usize)) {
     assert!(a.len() >= k * MR && b.len() >= k * NR);
-    let mut acc = [_mm256_setzero_ps(); MR];
+    // acc[2i + h]: row i, columns 8h .. 8h + 8
+    let mut acc = [_mm256_setzero_ps(); 2 * MR];
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     for p in 0..k {
         // SAFETY: step p < k of both.
         unsafe {
-            let bv = _mm256_loadu_ps(pb.add(p * NR));
-            for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&*pa.add(p * MR + i)), bv, *acc);
+            let (b0, b1) = (_mm256_loadu_ps(pb.add(p * NR)), _mm256_loadu_ps(pb.add(p * NR + 8)));
+            for i in 0..MR {
+                let av = _mm256_broadcast_ss(&*pa.add(p * MR + i));
+                acc[2 * i] = _mm256_fmadd_ps(av, b0, acc[2 * i]);
+                acc[2 * i + 1] = _mm256_fmadd_ps(av, b1, acc[2 * i + 1]);
             }
         }
     }
-    if cols == NR {
-        for (i, acc) in acc.iter().enumerate().take(rows) {
-            // SAFETY: row i < rows of `out`, 8 columns.
-            unsafe { _mm256_storeu_ps(out.add(i * ld), *acc) };
-        }
-    } else {
-        let mut lanes = [0f32; NR];
-        for (i, acc) in acc.iter().enumerate().take(rows) {
-            // SAFETY: `lanes` holds 8 f32; row i < rows of `out`, cols columns.
-            unsafe {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+    let mut lanes = [0f32; NR];
+    for i in 0..rows {
+        // SAFETY: `lanes` holds 16 f32; row i < rows of `out`, cols columns.
+        unsafe {
+            if cols == NR {
+                _mm256_storeu_ps(out.add(i * ld), acc[2 * i]);
+                _mm256_storeu_ps(out.add(i * ld + 8), acc[2 * i + 1]);
+            } else {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[2 * i]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[2 * i + 1]);
                 std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(i * ld), cols);
             }
         }
@@ -210,7 +219,7 @@ mod tests {
         }
         let (m, k) = (13, 21);
         let mut x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
-        x[8 * k + 5] = f32::NAN; // in the second sliver: the tile below reads the first
+        x[8 * k + 5] = f32::NAN; // in a later sliver: the tiles below read the first
         x[6] = f32::from_bits(0x3f80_8000); // halfway between two bf16: down to the even one
         x[7] = f32::from_bits(0x3f81_8000); // halfway: up to the even one
         let mut slivers = vec![f32::NAN; m.div_ceil(MR) * k * MR];
@@ -225,39 +234,45 @@ mod tests {
                 }
             }
         }
-        let w: Vec<u16> = (0..5 * k).map(|i| round_bits((i as f32 * 0.11).cos())).collect();
+        // 11 rows of W: both halves of the forward panel, the second partly
+        let w: Vec<u16> = (0..11 * k).map(|i| round_bits((i as f32 * 0.11).cos())).collect();
         let mut panel = vec![f32::NAN; k * NR];
         // SAFETY: as above.
-        unsafe { pack_transposed(&mut panel, &w, 5, k) };
+        unsafe { pack_transposed(&mut panel, &w, 11, k) };
         for p in 0..k {
             for j in 0..NR {
-                let want = if j < 5 { widen(w[j * k + p]) } else { 0.0 };
+                let want = if j < 11 { widen(w[j * k + p]) } else { 0.0 };
                 assert_eq!(panel[p * NR + j], want, "forward panel step {p} column {j}");
             }
         }
-        // the input gradient's panel: columns 3 .. 9 of w read as [5, k]
-        let mut cols_panel = vec![f32::NAN; 5 * NR];
-        // SAFETY: as above.
-        unsafe { pack_columns(&mut cols_panel, &w, (5, k), 3, 6) };
-        for o in 0..5 {
-            for j in 0..NR {
-                let want = if j < 6 { widen(w[o * k + 3 + j]) } else { 0.0 };
-                assert_eq!(cols_panel[o * NR + j], want, "input-gradient panel row {o} column {j}");
+        // the input gradient's panel: columns c0 .. c0 + width of w read as [5, k]
+        for (c0, width) in [(3, 6), (4, 16)] {
+            let mut cols_panel = vec![f32::NAN; 5 * NR];
+            // SAFETY: as above.
+            unsafe { pack_columns(&mut cols_panel, &w, (5, k), c0, width) };
+            for o in 0..5 {
+                for j in 0..NR {
+                    let want = if j < width { widen(w[o * k + c0 + j]) } else { 0.0 };
+                    assert_eq!(cols_panel[o * NR + j], want, "input-gradient panel row {o} column {j}");
+                }
             }
         }
-        // one tile: 5 rows x 6 columns of sliver 0 times the forward panel
-        let mut out = vec![f32::NAN; 5 * 9];
-        // SAFETY: `out` is 5 rows of 9.
-        unsafe { tile(&slivers[..k * MR], &panel, k, out.as_mut_ptr(), 9, (5, 6)) };
-        for i in 0..5 {
-            for j in 0..9 {
-                let got = out[i * 9 + j];
-                if j >= 6 {
-                    assert!(got.is_nan(), "wrote past the tile");
-                    continue;
+        // tiles of sliver 0 times the forward panel: a partial one and a full one
+        let ld = 17;
+        for (rows, cols) in [(3, 6), (MR, NR)] {
+            let mut out = vec![f32::NAN; rows * ld];
+            // SAFETY: `out` is `rows` rows of `ld >= cols`.
+            unsafe { tile(&slivers[..k * MR], &panel, k, out.as_mut_ptr(), ld, (rows, cols)) };
+            for i in 0..rows {
+                for j in 0..ld {
+                    let got = out[i * ld + j];
+                    if j >= cols {
+                        assert!(got.is_nan(), "wrote past the tile");
+                        continue;
+                    }
+                    let want = (0..k).fold(0f32, |s, p| slivers[p * MR + i].mul_add(panel[p * NR + j], s));
+                    assert_eq!(got.to_bits(), want.to_bits(), "tile [{i}][{j}]: an FMA chain in step order");
                 }
-                let want = (0..k).fold(0f32, |s, p| slivers[p * MR + i].mul_add(panel[p * NR + j], s));
-                assert_eq!(got.to_bits(), want.to_bits(), "tile [{i}][{j}]: an FMA chain in step order");
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The portable kernel: the activation rounded to bf16 once per call (kept
 //! as f32), and per 32-wide output panel the matching part of W widened to
 //! f32 in a per-thread scratch. Where the CPU has AVX2 and FMA both are
-//! packed for the 8x8 register tiles of `avx2.rs`; elsewhere the panel is
+//! packed for the 4x16 register tiles of `avx2.rs`; elsewhere the panel is
 //! laid out `[reduction][32]` for [`matmul_unpacked_columns`]. Memory stays
 //! one bf16 copy of W; each panel is widened once per call.
 //!
@@ -41,11 +41,11 @@ fn forward_on(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usi
     let rows_of = |n0: usize, width: usize| &w[n0 * k..(n0 + width) * k];
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        // panel[q][p][j] = W[n0 + 8q + j][p]
+        // panel[q][p][j] = W[n0 + q * NR + j][p]
         let fill = |n0: usize, width: usize, q: usize, panel: &mut [f32]| {
-            let (c0, w8) = (n0 + q * 8, width.saturating_sub(q * 8).min(8));
+            let (c0, part) = (n0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
             // SAFETY: AVX2 and FMA are available.
-            unsafe { super::avx2::pack_transposed(panel, rows_of(c0, w8), w8, k) };
+            unsafe { super::avx2::pack_transposed(panel, rows_of(c0, part), part, k) };
         };
         return packed(out, x, (tokens, k, n), &fill);
     }
@@ -64,11 +64,11 @@ fn forward_on(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usi
 fn input_grad_on(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, cols): (usize, usize), avx2: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        // panel[q][o][j] = W[o][c0 + 8q + j]
+        // panel[q][o][j] = W[o][c0 + q * NR + j]
         let fill = |c0: usize, width: usize, q: usize, panel: &mut [f32]| {
-            let (c, w8) = (c0 + q * 8, width.saturating_sub(q * 8).min(8));
+            let (c, part) = (c0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
             // SAFETY: AVX2 and FMA are available.
-            unsafe { super::avx2::pack_columns(panel, w, (rows, cols), c, w8) };
+            unsafe { super::avx2::pack_columns(panel, w, (rows, cols), c, part) };
         };
         return packed(out, dy, (tokens, rows, cols), &fill);
     }
@@ -105,9 +105,9 @@ fn panels(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(
     });
 }
 
-/// [`panels`] on the AVX2 tiles: `x` rounded into 8-row slivers once,
-/// then per panel its four 8-column parts packed by `fill(n0, width, q,
-/// part)` (`[k][8]` each) and every sliver multiplied by all four while it
+/// [`panels`] on the AVX2 tiles: `x` rounded into 4-row slivers once,
+/// then per panel its two 16-column parts packed by `fill(n0, width, q,
+/// part)` (`[k][16]` each) and every sliver multiplied by both while it
 /// is in L1.
 #[cfg(target_arch = "x86_64")]
 fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn Fn(usize, usize, usize, &mut [f32]) + Sync)) {
