@@ -60,9 +60,24 @@ fn on_rayon_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
+/// `hexlora train ... | head`: Rust ignores SIGPIPE, so once `head` exits
+/// every `println!` fails and panics. Restoring the default action ends the
+/// process quietly instead, as `cat` would. Safe for the work: nothing
+/// else here writes to a pipe (children get null stdin, the transports use
+/// shared memory), and training commits every step, so a rerun resumes.
+fn die_quietly_on_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default, before any
+    // thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Parses arguments, runs the subcommand, prints errors in one line.
 pub fn main() -> ExitCode {
     crate::runtime::allocator::keep_freed_memory();
+    die_quietly_on_closed_stdout();
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Info => {
