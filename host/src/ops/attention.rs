@@ -15,14 +15,16 @@
 //! matrix is never computed. Blocks run in parallel; each writes its own
 //! outputs or partial sums, and the partials are added in block and head
 //! order afterwards, so results do not depend on the thread count.
-//! Products are single-threaded `matrixmultiply` calls reading the heads in
-//! place through strides; with [`Products::Bf16`] (training with bf16
+//! Products run single-threaded on `ops::matmul`'s unpacked register tiles,
+//! reading the heads in place through strides (keys and values also
+//! through per-call transposed copies); with [`Products::Bf16`] (training with bf16
 //! frozen weights) they run on the AMX tiles instead, operands rounded to
 //! bf16 (`attention/bf16.rs`): 1.47-1.69 against 2.33-2.72 ms per
 //! SmolLM2 layer (forward + backward, 2 threads, `bench` below, several
 //! runs on a noisy machine).
 use crate::ops::activation::{exp, exp_shifted, simd_fn};
 use crate::ops::softmax::{lane_max, lane_sum};
+use crate::ops::matmul::matmul_unpacked_columns;
 use crate::ops::SharedMut;
 use rayon::prelude::*;
 
@@ -81,6 +83,13 @@ impl AttnDims {
 /// `c[m, n] = alpha * a[m, k] · b[k, n]` (overwritten), each operand given
 /// by a base pointer and (row, column) strides.
 ///
+/// Where `b` and `c` have contiguous rows (every call here: `k` and `v`
+/// are read through their transposed copies where a product needs them
+/// sideways), the unpacked register tiles of `ops::matmul` run it: these
+/// blocks are small (64 rows, head_dim 64), and `matrixmultiply` spent a
+/// fifth of its time packing them. `matrixmultiply` stays for other
+/// layouts.
+///
 /// # Safety
 /// Every index `r * rs + c * cs` of each operand must lie inside its
 /// allocation, and `c` must not alias `a` or `b` or be written concurrently.
@@ -92,10 +101,32 @@ unsafe fn gemm(
     b: (*const f32, usize, usize),
     c: (*mut f32, usize, usize),
 ) {
+    if m > 0 && k > 0 && n > 0 && b.2 == 1 && c.2 == 1 {
+        // SAFETY: the last index each operand reads is inside its
+        // allocation (the caller's contract); `c` rows are `c.1` apart.
+        unsafe {
+            let lhs = std::slice::from_raw_parts(a.0, (m - 1) * a.1 + (k - 1) * a.2 + 1);
+            let rhs = std::slice::from_raw_parts(b.0, (k - 1) * b.1 + n);
+            return matmul_unpacked_columns(c.0, c.1, lhs, (a.1, a.2), rhs, b.1, (m, k, n), alpha);
+        }
+    }
     // SAFETY: forwarded from the caller.
     unsafe {
         matrixmultiply::sgemm(m, k, n, alpha, a.0, a.1 as isize, a.2 as isize, b.0, b.1 as isize, b.2 as isize, 0.0, c.0, c.1 as isize, c.2 as isize);
     }
+}
+
+/// `t[kvh][f][j] = x[j, kvh, f]`: each key/value head transposed to
+/// `[head_dim, kv_len]`, so that products with `x^T` read whole rows.
+fn heads_transposed(x: &[f32], d: AttnDims) -> Vec<f32> {
+    let AttnDims { kv_len, n_kv_head, head_dim: hd, .. } = d;
+    let mut t = vec![0.0f32; x.len()];
+    t.par_chunks_mut(hd * kv_len).enumerate().for_each(|(kvh, th)| {
+        for (j, row) in x.chunks_exact(n_kv_head * hd).enumerate() {
+            row[kvh * hd..(kvh + 1) * hd].iter().enumerate().for_each(|(f, &v)| th[f * kv_len + j] = v);
+        }
+    });
+    t
 }
 
 /// `out[q_len, n_head * head_dim] = softmax(scale * q k^T + mask) v`, with
@@ -109,19 +140,21 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
     let AttnDims { n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
+    let kt = heads_transposed(k, d);
     let out_ptr = SharedMut(out.as_mut_ptr());
     query_blocks(lse, d, |h, r0, rows| {
         let out_ptr = out_ptr;
         let keys = d.visible(r0 + rows - 1);
-        // Offsets of this block's first query row and of its head's keys.
-        let (qv, kv) = (r0 * qs + h * hd, (h / group) * hd);
+        // Offsets of this block's first query row and of its head's keys
+        // (in `v`, and in `kt`).
+        let (qv, kv, ktv) = (r0 * qs + h * hd, (h / group) * hd, (h / group) * hd * d.kv_len);
         // p: [rows, keys]
         let mut p = vec![0.0f32; rows * keys];
         // SAFETY: q rows r0..r0+rows and k/v rows 0..keys of this head lie
-        // inside q, k, v (lengths asserted above); out rows r0..r0+rows of
+        // inside q, kt, v (lengths asserted above); out rows r0..r0+rows of
         // head h are written by this task only.
         unsafe {
-            gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (p.as_mut_ptr(), keys, 1));
+            gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), (kt.as_ptr().add(ktv), d.kv_len, 1), (p.as_mut_ptr(), keys, 1));
         }
         let lse_b: Vec<f32> = p.chunks_exact_mut(keys).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
         unsafe {
@@ -164,7 +197,7 @@ fn check_forward(out: &[f32], lse: &[f32], q: &[f32], k: &[f32], v: &[f32], d: A
 /// How attention's products are computed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Products {
-    /// f32 (`matrixmultiply`).
+    /// f32 (`ops::matmul`'s unpacked tiles).
     #[default]
     F32,
     /// Operands rounded to bf16 on the AMX tiles, f32 sums
@@ -267,11 +300,14 @@ pub fn attention_backward(
     let AttnDims { q_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
+    let (kt, vt) = (heads_transposed(k, d), heads_transposed(v, d));
     key_blocks((dq, dk, dv), d, |h, c0, cols| {
         let first = d.first_seeing(c0);
         let rows = q_len - first;
         let qv = first * qs + h * hd;
         let kv = c0 * ks + (h / group) * hd;
+        // column c0 of this head in `kt` and `vt`
+        let tv = (h / group) * hd * d.kv_len + c0;
         // s, dp: [rows, cols]
         let (mut s, mut dp) = (vec![0.0f32; rows * cols], vec![0.0f32; rows * cols]);
         let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
@@ -279,8 +315,8 @@ pub fn attention_backward(
         // this head lie inside q, dout, k, v (lengths asserted above);
         // the outputs are this task's own buffers.
         unsafe {
-            gemm((rows, hd, cols), scale, (q.as_ptr().add(qv), qs, 1), (k.as_ptr().add(kv), 1, ks), (s.as_mut_ptr(), cols, 1));
-            gemm((rows, hd, cols), 1.0, (dout.as_ptr().add(qv), qs, 1), (v.as_ptr().add(kv), 1, ks), (dp.as_mut_ptr(), cols, 1));
+            gemm((rows, hd, cols), scale, (q.as_ptr().add(qv), qs, 1), (kt.as_ptr().add(tv), d.kv_len, 1), (s.as_mut_ptr(), cols, 1));
+            gemm((rows, hd, cols), 1.0, (dout.as_ptr().add(qv), qs, 1), (vt.as_ptr().add(tv), d.kv_len, 1), (dp.as_mut_ptr(), cols, 1));
         }
         for (r, (s_r, dp_r)) in s.chunks_exact_mut(cols).zip(dp.chunks_exact_mut(cols)).enumerate() {
             let t = first + r;
