@@ -18,7 +18,7 @@ use super::plan_cache::{plan_with_cache, projection_key, PlanCache};
 use super::planner::{cpu_only, Buckets, RouteTable};
 use super::routed::{RoutedProjection, SplitState};
 use crate::model::config::{Arch, ModelConfig};
-use crate::model::cpu_projection::CpuProjection;
+use crate::model::cpu_projection::{CpuProjection, StoredProjection};
 use crate::model::source::{RawTensor, TensorSource};
 use crate::npu::{NpuClient, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
@@ -83,7 +83,12 @@ pub fn open_source(path: &Path) -> Result<(Box<dyn TensorSource>, ModelConfig)> 
 /// One routed projection: the CPU side always (the fallback and the probe
 /// reference), the DSP side when the client takes the weight.
 fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets: &Arc<Buckets>, state: &Arc<SplitState>, table: &Mutex<RouteTable>, cache: &PlanCache) -> Result<Arc<dyn Projection>> {
-    let cpu: Arc<dyn Projection> = Arc::new(CpuProjection::from_raw(info.clone(), raw)?);
+    // With a DSP the CPU side only computes the planner's references and the
+    // rare fallback: the weight stays in the checkpoint's type there.
+    let cpu: Arc<dyn Projection> = match side {
+        DspSide::Cpu => Arc::new(CpuProjection::from_raw(info.clone(), raw)?),
+        DspSide::Npu { .. } => Arc::new(StoredProjection::from_raw(info.clone(), raw)?),
+    };
     let (dsp, routes) = match side {
         DspSide::Cpu => (None, cpu_only(&info.name, buckets, "cpu transport")),
         DspSide::Npu { client, policy } => {
