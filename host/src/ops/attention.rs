@@ -116,6 +116,11 @@ unsafe fn gemm(
     }
 }
 
+/// From this many queries on, the forward reads keys through a transposed
+/// copy ([`heads_transposed`]); the backward (training: as many queries as
+/// keys) always does.
+const TRANSPOSE_MIN_QUERIES: usize = 16;
+
 /// `t[kvh][f][j] = x[j, kvh, f]`: each key/value head transposed to
 /// `[head_dim, kv_len]`, so that products with `x^T` read whole rows.
 fn heads_transposed(x: &[f32], d: AttnDims) -> Vec<f32> {
@@ -140,21 +145,27 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
     let AttnDims { n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
-    let kt = heads_transposed(k, d);
+    // Decoding (a few queries against a long cache) would spend more on
+    // the copy than on the products: k is read sideways in place then.
+    let kt = (d.q_len >= TRANSPOSE_MIN_QUERIES).then(|| heads_transposed(k, d));
     let out_ptr = SharedMut(out.as_mut_ptr());
     query_blocks(lse, d, |h, r0, rows| {
         let out_ptr = out_ptr;
         let keys = d.visible(r0 + rows - 1);
-        // Offsets of this block's first query row and of its head's keys
-        // (in `v`, and in `kt`).
-        let (qv, kv, ktv) = (r0 * qs + h * hd, (h / group) * hd, (h / group) * hd * d.kv_len);
+        // Offsets of this block's first query row and of its head's keys.
+        let (qv, kv) = (r0 * qs + h * hd, (h / group) * hd);
+        // k^T of this head: [hd, keys]
+        let k_t = match &kt {
+            Some(kt) => (kt[(h / group) * hd * d.kv_len..].as_ptr(), d.kv_len, 1),
+            None => (k[kv..].as_ptr(), 1, ks),
+        };
         // p: [rows, keys]
         let mut p = vec![0.0f32; rows * keys];
         // SAFETY: q rows r0..r0+rows and k/v rows 0..keys of this head lie
-        // inside q, kt, v (lengths asserted above); out rows r0..r0+rows of
-        // head h are written by this task only.
+        // inside q, k (or kt), v (lengths asserted above); out rows
+        // r0..r0+rows of head h are written by this task only.
         unsafe {
-            gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), (kt.as_ptr().add(ktv), d.kv_len, 1), (p.as_mut_ptr(), keys, 1));
+            gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), k_t, (p.as_mut_ptr(), keys, 1));
         }
         let lse_b: Vec<f32> = p.chunks_exact_mut(keys).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
         unsafe {
@@ -481,7 +492,8 @@ mod tests {
 
     #[test]
     fn gqa_causal_cached_and_bidirectional_match_f64() {
-        for (q_len, kv_len, causal) in [(6, 6, true), (2, 7, true), (5, 5, false)] {
+        // below and above TRANSPOSE_MIN_QUERIES (keys read in place, then transposed)
+        for (q_len, kv_len, causal) in [(6, 6, true), (2, 7, true), (5, 5, false), (20, 23, true), (17, 17, false)] {
             let d = AttnDims { q_len, kv_len, n_head: 4, n_kv_head: 2, head_dim: 8, causal };
             let q: Vec<f32> = (0..q_len * 32).map(|i| (i as f32 * 0.61).sin()).collect();
             let k: Vec<f32> = (0..kv_len * 16).map(|i| (i as f32 * 0.23).cos()).collect();
