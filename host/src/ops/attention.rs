@@ -16,8 +16,10 @@
 //! outputs or partial sums, and the partials are added in block and head
 //! order afterwards, so results do not depend on the thread count.
 //! Products run single-threaded on `ops::matmul`'s unpacked register tiles,
-//! reading the heads in place through strides (keys and values also
-//! through per-call transposed copies); with [`Products::Bf16`] (training with bf16
+//! reading the heads in place through strides (keys and values through
+//! per-call transposed copies where a product reads them sideways; a
+//! decoding step's `q k^T` stays a strided `matrixmultiply` call); with
+//! [`Products::Bf16`] (training with bf16
 //! frozen weights) they run on the AMX tiles instead, operands rounded to
 //! bf16 (`attention/bf16.rs`): 1.47-1.69 against 2.33-2.72 ms per
 //! SmolLM2 layer (forward + backward, 2 threads, `bench` below, several
@@ -83,12 +85,13 @@ impl AttnDims {
 /// `c[m, n] = alpha * a[m, k] · b[k, n]` (overwritten), each operand given
 /// by a base pointer and (row, column) strides.
 ///
-/// Where `b` and `c` have contiguous rows (every call here: `k` and `v`
-/// are read through their transposed copies where a product needs them
-/// sideways), the unpacked register tiles of `ops::matmul` run it: these
-/// blocks are small (64 rows, head_dim 64), and `matrixmultiply` spent a
-/// fifth of its time packing them. `matrixmultiply` stays for other
-/// layouts.
+/// Where `b` and `c` have contiguous rows (every call but decoding's
+/// `q k^T`: `k` and `v` are read through transposed copies where a
+/// product needs them sideways), the unpacked register tiles of
+/// `ops::matmul` run it: these blocks are small (64 rows, head_dim 64), and
+/// `matrixmultiply` spent about a sixth of its time packing them (`perf`
+/// over a training step: 1.1% packing beside 5.4% in its kernel).
+/// `matrixmultiply` stays for the other layout.
 ///
 /// # Safety
 /// Every index `r * rs + c * cs` of each operand must lie inside its
@@ -323,8 +326,8 @@ pub fn attention_backward(
         let (mut s, mut dp) = (vec![0.0f32; rows * cols], vec![0.0f32; rows * cols]);
         let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
         // SAFETY: query rows first..q_len and key rows c0..c0+cols of
-        // this head lie inside q, dout, k, v (lengths asserted above);
-        // the outputs are this task's own buffers.
+        // this head lie inside q, dout, k, v and their copies kt, vt
+        // (lengths asserted above); the outputs are this task's own buffers.
         unsafe {
             gemm((rows, hd, cols), scale, (q.as_ptr().add(qv), qs, 1), (kt.as_ptr().add(tv), d.kv_len, 1), (s.as_mut_ptr(), cols, 1));
             gemm((rows, hd, cols), 1.0, (dout.as_ptr().add(qv), qs, 1), (vt.as_ptr().add(tv), d.kv_len, 1), (dp.as_mut_ptr(), cols, 1));
