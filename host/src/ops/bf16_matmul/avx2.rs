@@ -28,13 +28,14 @@ pub(super) fn available() -> bool {
     crate::ops::matmul::has_avx2_fma()
 }
 
-/// `x: [m, k]` rounded to bf16 (as [`super::round_bits`], kept as f32)
-/// into slivers `dst: [m.div_ceil(4)][k][4]`, zero past row `m`.
+/// `x: [m, k]` into slivers `dst: [m.div_ceil(4)][k][4]`, zero past row
+/// `m`; with `round` each value rounded to bf16 (as
+/// [`super::round_bits`], kept as f32), else as it is (f32 weights).
 ///
 /// # Safety
 /// AVX2 and FMA available ([`available`]).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn pack_rows_rounded(dst: &mut [f32], x: &[f32], (m, k): (usize, usize)) {
+pub(super) unsafe fn pack_rows(dst: &mut [f32], x: &[f32], (m, k): (usize, usize), round: bool) {
     assert!(dst.len() == m.div_ceil(MR) * k * MR && x.len() == m * k);
     let k8 = k / 8 * 8;
     for (s, sliver) in dst.chunks_exact_mut(k * MR).enumerate() {
@@ -42,7 +43,17 @@ pub(super) unsafe fn pack_rows_rounded(dst: &mut [f32], x: &[f32], (m, k): (usiz
         let src = &x[s * MR * k..(s * MR + rows) * k];
         for p in (0..k8).step_by(8) {
             // SAFETY: row i < rows of `src`, columns p .. p + 8 <= k.
-            let r: [__m256; 8] = std::array::from_fn(|i| if i < rows { round8(unsafe { _mm256_loadu_ps(src.as_ptr().add(i * k + p)) }) } else { _mm256_setzero_ps() });
+            let r: [__m256; 8] = std::array::from_fn(|i| {
+                if i >= rows {
+                    return _mm256_setzero_ps();
+                }
+                let v = unsafe { _mm256_loadu_ps(src.as_ptr().add(i * k + p)) };
+                if round {
+                    round8(v)
+                } else {
+                    v
+                }
+            });
             for (pp, v) in transpose8(r).into_iter().enumerate() {
                 // SAFETY: step p + pp < k of the sliver; lanes 0..4 are rows 0..4.
                 unsafe { _mm_storeu_ps(sliver.as_mut_ptr().add((p + pp) * MR), _mm256_castps256_ps128(v)) };
@@ -50,25 +61,61 @@ pub(super) unsafe fn pack_rows_rounded(dst: &mut [f32], x: &[f32], (m, k): (usiz
         }
         for p in k8..k {
             for i in 0..MR {
-                sliver[p * MR + i] = if i < rows { super::widen(super::round_bits(src[i * k + p])) } else { 0.0 };
+                let v = if i < rows { src[i * k + p] } else { 0.0 };
+                sliver[p * MR + i] = if round { super::widen(super::round_bits(v)) } else { v };
             }
         }
     }
 }
 
-/// `dst[p][j] = widen(rows[j][p])` (`dst: [k][16]`, `rows: [width <= 16][k]`
-/// bf16 bits), zero for `j >= width`: the forward's panel of W.
+/// An element of a stored weight: bf16 bits or f32.
+pub(super) trait Weight: Copy {
+    /// The value as f32.
+    fn value(self) -> f32;
+    /// 8 values from `src` as f32.
+    ///
+    /// # Safety
+    /// AVX2 available; `src` holds 8 values.
+    unsafe fn load8(src: *const Self) -> __m256;
+}
+
+impl Weight for u16 {
+    fn value(self) -> f32 {
+        super::widen(self)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(src: *const u16) -> __m256 {
+        // SAFETY: forwarded.
+        unsafe { widen8(src) }
+    }
+}
+
+impl Weight for f32 {
+    fn value(self) -> f32 {
+        self
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(src: *const f32) -> __m256 {
+        // SAFETY: 32 bytes at `src` (forwarded).
+        unsafe { _mm256_loadu_ps(src) }
+    }
+}
+
+/// `dst[p][j] = rows[j][p]` as f32 (`dst: [k][16]`, `rows: [width <= 16][k]`),
+/// zero for `j >= width`: the forward's panel of W.
 ///
 /// # Safety
 /// AVX2 available.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn pack_transposed(dst: &mut [f32], rows: &[u16], width: usize, k: usize) {
+pub(super) unsafe fn pack_transposed<T: Weight>(dst: &mut [f32], rows: &[T], width: usize, k: usize) {
     assert!(dst.len() == k * NR && rows.len() == width * k && width <= NR);
     let k8 = k / 8 * 8;
     for p in (0..k8).step_by(8) {
         for half in 0..2 {
             // SAFETY: row j < width, columns p .. p + 8 <= k.
-            let r: [__m256; 8] = std::array::from_fn(|j| if half * 8 + j < width { widen8(unsafe { rows.as_ptr().add((half * 8 + j) * k + p) }) } else { _mm256_setzero_ps() });
+            let r: [__m256; 8] = std::array::from_fn(|j| if half * 8 + j < width { unsafe { T::load8(rows.as_ptr().add((half * 8 + j) * k + p)) } } else { _mm256_setzero_ps() });
             for (pp, v) in transpose8(r).into_iter().enumerate() {
                 // SAFETY: step p + pp < k of the panel, columns half * 8 .. + 8.
                 unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((p + pp) * NR + half * 8), v) };
@@ -77,29 +124,29 @@ pub(super) unsafe fn pack_transposed(dst: &mut [f32], rows: &[u16], width: usize
     }
     for p in k8..k {
         for j in 0..NR {
-            dst[p * NR + j] = if j < width { super::widen(rows[j * k + p]) } else { 0.0 };
+            dst[p * NR + j] = if j < width { rows[j * k + p].value() } else { 0.0 };
         }
     }
 }
 
-/// `dst[o][j] = widen(w[o * cols + c0 + j])` for `o < rows`, `j < width`
+/// `dst[o][j] = w[o * cols + c0 + j]` as f32 for `o < rows`, `j < width`
 /// (`dst: [rows][16]`), zero for `j >= width`: the input gradient's panel.
 ///
 /// # Safety
 /// AVX2 available.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn pack_columns(dst: &mut [f32], w: &[u16], (rows, cols): (usize, usize), c0: usize, width: usize) {
+pub(super) unsafe fn pack_columns<T: Weight>(dst: &mut [f32], w: &[T], (rows, cols): (usize, usize), c0: usize, width: usize) {
     assert!(dst.len() == rows * NR && w.len() >= rows * cols && c0 + width <= cols && width <= NR);
     for (o, d) in dst.chunks_exact_mut(NR).enumerate() {
         let src = &w[o * cols + c0..o * cols + c0 + width];
         if width == NR {
             // SAFETY: 16 values of row o; `d` is 16 f32.
             unsafe {
-                _mm256_storeu_ps(d.as_mut_ptr(), widen8(src.as_ptr()));
-                _mm256_storeu_ps(d.as_mut_ptr().add(8), widen8(src.as_ptr().add(8)));
+                _mm256_storeu_ps(d.as_mut_ptr(), T::load8(src.as_ptr()));
+                _mm256_storeu_ps(d.as_mut_ptr().add(8), T::load8(src.as_ptr().add(8)));
             }
         } else {
-            d.iter_mut().enumerate().for_each(|(j, v)| *v = src.get(j).map_or(0.0, |&b| super::widen(b)));
+            d.iter_mut().enumerate().for_each(|(j, v)| *v = src.get(j).map_or(0.0, |&b| b.value()));
         }
     }
 }
@@ -224,7 +271,7 @@ mod tests {
         x[7] = f32::from_bits(0x3f81_8000); // halfway: up to the even one
         let mut slivers = vec![f32::NAN; m.div_ceil(MR) * k * MR];
         // SAFETY: checked by `available`.
-        unsafe { pack_rows_rounded(&mut slivers, &x, (m, k)) };
+        unsafe { pack_rows(&mut slivers, &x, (m, k), true) };
         for s in 0..m.div_ceil(MR) {
             for p in 0..k {
                 for i in 0..MR {

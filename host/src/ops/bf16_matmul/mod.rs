@@ -31,6 +31,7 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod portable;
+pub use portable::{f32_forward, f32_input_grad};
 #[cfg(target_arch = "x86_64")]
 pub mod operands;
 #[cfg(test)]

@@ -47,7 +47,7 @@ fn forward_on(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usi
             // SAFETY: AVX2 and FMA are available.
             unsafe { super::avx2::pack_transposed(panel, rows_of(c0, part), part, k) };
         };
-        return packed(out, x, (tokens, k, n), &fill);
+        return packed(out, x, (tokens, k, n), true, &fill);
     }
     // panel[p][j] = W[n0 + j][p]
     let fill = |n0: usize, width: usize, panel: &mut [f32]| {
@@ -70,7 +70,7 @@ fn input_grad_on(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, c
             // SAFETY: AVX2 and FMA are available.
             unsafe { super::avx2::pack_columns(panel, w, (rows, cols), c, part) };
         };
-        return packed(out, dy, (tokens, rows, cols), &fill);
+        return packed(out, dy, (tokens, rows, cols), true, &fill);
     }
     // panel[o][j] = W[o][c0 + j]
     let fill = |c0: usize, width: usize, panel: &mut [f32]| {
@@ -105,13 +105,52 @@ fn panels(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(
     });
 }
 
-/// [`panels`] on the AVX2 tiles: `x` rounded into 4-row slivers once,
-/// then per panel its two 16-column parts packed by `fill(n0, width, q,
+/// `out[tokens, n] = x[tokens, k] W^T` for f32 `w: [n, k]` on the packed
+/// AVX2 tiles, nothing rounded: f32 frozen weights on CPUs with AVX2 and
+/// FMA. Returns false, leaving `out` alone, where those tiles cannot run.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn f32_forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[f32], (n, k): (usize, usize)) -> bool {
+    assert!(x.len() == tokens * k && out.len() == tokens * n && w.len() == n * k, "f32 forward lengths");
+    #[cfg(target_arch = "x86_64")]
+    if simd_tiles() {
+        // panel[q][p][j] = W[n0 + q * NR + j][p]
+        let fill = |n0: usize, width: usize, q: usize, panel: &mut [f32]| {
+            let (c0, part) = (n0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
+            // SAFETY: AVX2 and FMA are available.
+            unsafe { super::avx2::pack_transposed(panel, &w[c0 * k..(c0 + part) * k], part, k) };
+        };
+        packed(out, x, (tokens, k, n), false, &fill);
+        return true;
+    }
+    false
+}
+
+/// `out[tokens, cols] = dy[tokens, rows] W` for f32 `w: [rows, cols]`, as
+/// [`f32_forward`].
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn f32_input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[f32], (rows, cols): (usize, usize)) -> bool {
+    assert!(dy.len() == tokens * rows && out.len() == tokens * cols && w.len() == rows * cols, "f32 input-gradient lengths");
+    #[cfg(target_arch = "x86_64")]
+    if simd_tiles() {
+        // panel[q][o][j] = W[o][c0 + q * NR + j]
+        let fill = |c0: usize, width: usize, q: usize, panel: &mut [f32]| {
+            let (c, part) = (c0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
+            // SAFETY: AVX2 and FMA are available.
+            unsafe { super::avx2::pack_columns(panel, w, (rows, cols), c, part) };
+        };
+        packed(out, dy, (tokens, rows, cols), false, &fill);
+        return true;
+    }
+    false
+}
+
+/// [`panels`] on the AVX2 tiles: `x` (rounded to bf16 when `round`) into
+/// 4-row slivers once, then per panel its two 16-column parts packed by `fill(n0, width, q,
 /// part)` (`[k][16]` each) and every sliver multiplied by both while it
 /// is in L1.
 #[cfg(target_arch = "x86_64")]
-fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn Fn(usize, usize, usize, &mut [f32]) + Sync)) {
-    use super::avx2::{pack_rows_rounded, tile, MR, NR};
+fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), round: bool, fill: &(dyn Fn(usize, usize, usize, &mut [f32]) + Sync)) {
+    use super::avx2::{pack_rows, tile, MR, NR};
     if m == 0 || n == 0 {
         return;
     }
@@ -124,7 +163,7 @@ fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), fill: &(
     slivers.par_chunks_mut(4 * k * MR).enumerate().for_each(|(c, dst)| {
         let (r0, r1) = (c * 4 * MR, m.min((c + 1) * 4 * MR));
         // SAFETY: AVX2 and FMA are available (the caller checked).
-        unsafe { pack_rows_rounded(dst, &x[r0 * k..r1 * k], (r1 - r0, k)) };
+        unsafe { pack_rows(dst, &x[r0 * k..r1 * k], (r1 - r0, k), round) };
     });
     let slivers = &*slivers;
     let out_ptr = SharedMut(out.as_mut_ptr());
@@ -196,6 +235,42 @@ mod tests {
             };
             let bits = |v: (Vec<f32>, Vec<f32>)| v.0.iter().chain(&v.1).map(|f| f.to_bits()).collect::<Vec<u32>>();
             assert_eq!(bits(run(true)), bits(run(false)), "{tokens}x{in_f}->{out_f}");
+        }
+    }
+
+    /// The f32 entry points round nothing: each output is the same FMA
+    /// chain as `matmul_unpacked` computes from the unrounded operands (so
+    /// the same bits), and within f32 summation error of f64 products.
+    #[test]
+    fn f32_weights_match_unpacked_tiles_and_f64() {
+        if !simd_tiles() {
+            eprintln!("no AVX2+FMA here: f32 products stay on matrixmultiply");
+            return;
+        }
+        let values = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin() * 2.0).collect::<Vec<f32>>();
+        for (tokens, out_f, in_f) in [(17, 3, 5), (37, 70, 96), (256, 33, 64)] {
+            let w = values(out_f * in_f, 0.37);
+            let (x, dy) = (values(tokens * in_f, 0.71), values(tokens * out_f, 0.53));
+            let (mut y, mut dx) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * in_f]);
+            assert!(f32_forward(&mut y, &x, tokens, &w, (out_f, in_f)));
+            assert!(f32_input_grad(&mut dx, &dy, tokens, &w, (out_f, in_f)));
+            let wt: Vec<f32> = (0..in_f * out_f).map(|i| w[(i % out_f) * in_f + i / out_f]).collect(); // [in, out]
+            let (mut y_ref, mut dx_ref) = (vec![0.0; y.len()], vec![0.0; dx.len()]);
+            crate::ops::matmul::matmul_unpacked(&mut y_ref, &x, (in_f, 1), &wt, (tokens, in_f, out_f), 1.0, false);
+            crate::ops::matmul::matmul_unpacked(&mut dx_ref, &dy, (out_f, 1), &w, (tokens, out_f, in_f), 1.0, false);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&y), bits(&y_ref), "forward {tokens}x{in_f}->{out_f}");
+            assert_eq!(bits(&dx), bits(&dx_ref), "input grad {tokens}x{in_f}->{out_f}");
+            for t in 0..tokens {
+                for o in 0..out_f {
+                    let want: f64 = (0..in_f).map(|i| x[t * in_f + i] as f64 * w[o * in_f + i] as f64).sum();
+                    assert!((y[t * out_f + o] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()), "forward [{t}][{o}]");
+                }
+                for i in 0..in_f {
+                    let want: f64 = (0..out_f).map(|o| dy[t * out_f + o] as f64 * w[o * in_f + i] as f64).sum();
+                    assert!((dx[t * in_f + i] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()), "input grad [{t}][{i}]");
+                }
+            }
         }
     }
 }
