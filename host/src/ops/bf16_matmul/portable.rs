@@ -3,7 +3,10 @@
 //! f32 in a per-thread scratch. Where the CPU has AVX2 and FMA both are
 //! packed for the 4x16 register tiles of `avx2.rs`; elsewhere the panel is
 //! laid out `[reduction][32]` for [`matmul_unpacked_columns`]. Memory stays
-//! one bf16 copy of W; each panel is widened once per call.
+//! one bf16 copy of W; each panel is widened once per call. The same
+//! packed tiles also take f32 weights without rounding anything
+//! ([`f32_forward`], [`f32_input_grad`]: `CpuProjection` on CPUs without
+//! AVX-512).
 //!
 //! This replaced `matrixmultiply`, which packed the activation again for
 //! every panel: on an AMD EPYC (Zen 1, AVX2, no AVX-512) the SmolLM2
