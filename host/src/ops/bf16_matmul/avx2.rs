@@ -3,11 +3,12 @@
 //! register tile streams them with contiguous loads and broadcasts.
 //!
 //! - The activation, rounded to bf16 once per call (left as it is for f32
-//!   weights, `portable::f32_forward`), becomes slivers of 4 rows, `[m / 4][k][4]` (8x8 transposes in registers, half of each
-//!   kept): a tile's 4 broadcasts per reduction step come from 16 bytes.
-//! - Per 16 output columns, W (bf16 widened, or f32) becomes a panel `[k][16]`
-//!   (two 8x8 transposes per 8 steps for the forward, plain row copies for
-//!   the input gradient): two contiguous loads per step.
+//!   weights, `portable::f32_forward`), becomes slivers of 4 rows,
+//!   `[m / 4][k][4]` (8x8 transposes in registers, half of each kept): a
+//!   tile's 4 broadcasts per reduction step come from 16 bytes.
+//! - Per 16 output columns, W (bf16 widened, or f32) becomes a panel
+//!   `[k][16]` (two 8x8 transposes per 8 steps for the forward, plain row
+//!   copies for the input gradient): two contiguous loads per step.
 //! - The tile keeps 8 accumulators (4 rows x 2 halves; each an FMA chain
 //!   over `p = 0..k` in order, so results do not depend on how the work is
 //!   split or on the tile's shape) and is bound by the FMA units: 8 FMAs
