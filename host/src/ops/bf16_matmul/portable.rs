@@ -11,6 +11,8 @@
 //! This replaced `matrixmultiply`, which packed the activation again for
 //! every panel: on an AMD EPYC (Zen 1, AVX2, no AVX-512) the SmolLM2
 //! shapes ran at 9 GFLOP/s per thread that way (see `bench.rs`).
+#[cfg(target_arch = "x86_64")]
+use super::avx2::{pack_columns, pack_transposed, Weight, NR};
 use super::{round_bits, widen};
 use crate::ops::matmul::matmul_unpacked_columns;
 use crate::ops::SharedMut;
@@ -41,20 +43,13 @@ fn simd_tiles() -> bool {
 /// on `matmul_unpacked`'s.
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] // `avx2`
 fn forward_on(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), avx2: bool) {
-    let rows_of = |n0: usize, width: usize| &w[n0 * k..(n0 + width) * k];
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        // panel[q][p][j] = W[n0 + q * NR + j][p]
-        let fill = |n0: usize, width: usize, q: usize, panel: &mut [f32]| {
-            let (c0, part) = (n0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
-            // SAFETY: AVX2 and FMA are available.
-            unsafe { super::avx2::pack_transposed(panel, rows_of(c0, part), part, k) };
-        };
-        return packed(out, x, (tokens, k, n), true, &fill);
+        return packed_forward(out, x, tokens, w, (n, k), true);
     }
     // panel[p][j] = W[n0 + j][p]
     let fill = |n0: usize, width: usize, panel: &mut [f32]| {
-        let rows = rows_of(n0, width);
+        let rows = &w[n0 * k..(n0 + width) * k];
         for (p, dst) in panel.chunks_exact_mut(PANEL).enumerate() {
             dst.iter_mut().take(width).enumerate().for_each(|(j, d)| *d = widen(rows[j * k + p]));
         }
@@ -67,13 +62,7 @@ fn forward_on(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usi
 fn input_grad_on(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, cols): (usize, usize), avx2: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        // panel[q][o][j] = W[o][c0 + q * NR + j]
-        let fill = |c0: usize, width: usize, q: usize, panel: &mut [f32]| {
-            let (c, part) = (c0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
-            // SAFETY: AVX2 and FMA are available.
-            unsafe { super::avx2::pack_columns(panel, w, (rows, cols), c, part) };
-        };
-        return packed(out, dy, (tokens, rows, cols), true, &fill);
+        return packed_input_grad(out, dy, tokens, w, (rows, cols), true);
     }
     // panel[o][j] = W[o][c0 + j]
     let fill = |c0: usize, width: usize, panel: &mut [f32]| {
@@ -116,13 +105,7 @@ pub fn f32_forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[f32], (n, k):
     assert!(x.len() == tokens * k && out.len() == tokens * n && w.len() == n * k, "f32 forward lengths");
     #[cfg(target_arch = "x86_64")]
     if simd_tiles() {
-        // panel[q][p][j] = W[n0 + q * NR + j][p]
-        let fill = |n0: usize, width: usize, q: usize, panel: &mut [f32]| {
-            let (c0, part) = (n0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
-            // SAFETY: AVX2 and FMA are available.
-            unsafe { super::avx2::pack_transposed(panel, &w[c0 * k..(c0 + part) * k], part, k) };
-        };
-        packed(out, x, (tokens, k, n), false, &fill);
+        packed_forward(out, x, tokens, w, (n, k), false);
         return true;
     }
     false
@@ -135,16 +118,36 @@ pub fn f32_input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[f32], (ro
     assert!(dy.len() == tokens * rows && out.len() == tokens * cols && w.len() == rows * cols, "f32 input-gradient lengths");
     #[cfg(target_arch = "x86_64")]
     if simd_tiles() {
-        // panel[q][o][j] = W[o][c0 + q * NR + j]
-        let fill = |c0: usize, width: usize, q: usize, panel: &mut [f32]| {
-            let (c, part) = (c0 + q * super::avx2::NR, width.saturating_sub(q * super::avx2::NR).min(super::avx2::NR));
-            // SAFETY: AVX2 and FMA are available.
-            unsafe { super::avx2::pack_columns(panel, w, (rows, cols), c, part) };
-        };
-        packed(out, dy, (tokens, rows, cols), false, &fill);
+        packed_input_grad(out, dy, tokens, w, (rows, cols), false);
         return true;
     }
     false
+}
+
+/// `out[tokens, n] = x[tokens, k] W^T`, `w: [n, k]` (bf16 bits or f32),
+/// on the AVX2 tiles (the caller checked them); `round` rounds `x` to bf16.
+#[cfg(target_arch = "x86_64")]
+fn packed_forward<T: Weight + Sync>(out: &mut [f32], x: &[f32], tokens: usize, w: &[T], (n, k): (usize, usize), round: bool) {
+    // panel[q][p][j] = W[n0 + q * NR + j][p]
+    let fill = |n0: usize, width: usize, q: usize, panel: &mut [f32]| {
+        let (c0, part) = (n0 + q * NR, width.saturating_sub(q * NR).min(NR));
+        // SAFETY: AVX2 and FMA are available.
+        unsafe { pack_transposed(panel, &w[c0 * k..(c0 + part) * k], part, k) };
+    };
+    packed(out, x, (tokens, k, n), round, &fill);
+}
+
+/// `out[tokens, cols] = dy[tokens, rows] W`, `w: [rows, cols]`, as
+/// [`packed_forward`].
+#[cfg(target_arch = "x86_64")]
+fn packed_input_grad<T: Weight + Sync>(out: &mut [f32], dy: &[f32], tokens: usize, w: &[T], (rows, cols): (usize, usize), round: bool) {
+    // panel[q][o][j] = W[o][c0 + q * NR + j]
+    let fill = |c0: usize, width: usize, q: usize, panel: &mut [f32]| {
+        let (c, part) = (c0 + q * NR, width.saturating_sub(q * NR).min(NR));
+        // SAFETY: AVX2 and FMA are available.
+        unsafe { pack_columns(panel, w, (rows, cols), c, part) };
+    };
+    packed(out, dy, (tokens, rows, cols), round, &fill);
 }
 
 /// [`panels`] on the AVX2 tiles: `x` (rounded to bf16 when `round`) into
@@ -153,7 +156,7 @@ pub fn f32_input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[f32], (ro
 /// is in L1.
 #[cfg(target_arch = "x86_64")]
 fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), round: bool, fill: &(dyn Fn(usize, usize, usize, &mut [f32]) + Sync)) {
-    use super::avx2::{pack_rows, tile, MR, NR};
+    use super::avx2::{pack_rows, tile, MR};
     if m == 0 || n == 0 {
         return;
     }
