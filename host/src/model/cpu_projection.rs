@@ -83,10 +83,7 @@ impl StoredProjection {
     /// byte count must match its type.
     pub fn from_raw(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Self> {
         check_raw_shape(&info, raw)?;
-        let expected = raw.row_bytes()? * raw.n_rows();
-        if raw.bytes.len() != expected {
-            return Err(Error::format(&raw.name, format!("{} bytes stored for shape {:?} of type {:?}, expected {expected}", raw.bytes.len(), raw.shape, raw.dtype)));
-        }
+        raw.checked_row_bytes()?;
         Ok(StoredProjection { info, dtype: raw.dtype, bytes: raw.bytes.to_vec() })
     }
 
@@ -103,6 +100,8 @@ impl Projection for StoredProjection {
     }
 
     fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
+        // checked before the dequantization it would waste; the dense
+        // projection's apply checks again (cheap)
         self.info.check_io(dir, input, tokens, out)?;
         CpuProjection::new(self.info.clone(), self.weight()?)?.apply(dir, input, tokens, out)
     }
@@ -125,17 +124,19 @@ impl Projection for CpuProjection {
         self.info.check_io(dir, input, tokens, out)?;
         let (n_in, n_out) = (self.info.in_features, self.info.out_features);
         let w = self.weight();
-        let packed = packed_tiles_fit(tokens)
-            && match dir {
-                Direction::Forward => bf16_matmul::f32_forward(out, input, tokens, w, (n_out, n_in)),
-                Direction::InputGrad => bf16_matmul::f32_input_grad(out, input, tokens, w, (n_out, n_in)),
-            };
-        if !packed {
-            match dir {
-                // Y[t, out] = X[t, in] W[out, in]^T
-                Direction::Forward => matmul_bt(out, input, w, (tokens, n_in, n_out), 1.0, false),
-                // dX[t, in] = dY[t, out] W[out, in]
-                Direction::InputGrad => matmul(out, input, w, (tokens, n_out, n_in), 1.0, false),
+        let packed = packed_tiles_fit(tokens);
+        match dir {
+            // Y[t, out] = X[t, in] W[out, in]^T
+            Direction::Forward => {
+                if !(packed && bf16_matmul::f32_forward(out, input, tokens, w, (n_out, n_in))) {
+                    matmul_bt(out, input, w, (tokens, n_in, n_out), 1.0, false);
+                }
+            }
+            // dX[t, in] = dY[t, out] W[out, in]
+            Direction::InputGrad => {
+                if !(packed && bf16_matmul::f32_input_grad(out, input, tokens, w, (n_out, n_in))) {
+                    matmul(out, input, w, (tokens, n_out, n_in), 1.0, false);
+                }
             }
         }
         Ok(())

@@ -120,8 +120,9 @@ impl RawTensor<'_> {
         Tensor::from_vec(&self.shape, self.to_f32()?)
     }
 
-    /// Dequantizes rows `rows` into `out` (`rows.len() * row_len` values).
-    pub fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+    /// Bytes of one stored row, after checking that the stored bytes are
+    /// exactly the shape's rows of that size.
+    pub fn checked_row_bytes(&self) -> Result<usize> {
         let row_bytes = self.row_bytes()?;
         let expected = row_bytes.checked_mul(self.n_rows());
         if expected != Some(self.bytes.len()) {
@@ -136,6 +137,12 @@ impl RawTensor<'_> {
                 ),
             ));
         }
+        Ok(row_bytes)
+    }
+
+    /// Dequantizes rows `rows` into `out` (`rows.len() * row_len` values).
+    pub fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+        let row_bytes = self.checked_row_bytes()?;
         if rows.start > rows.end || rows.end > self.n_rows() {
             return Err(Error::invalid(&self.name, format!("row range {rows:?} of {}", self.n_rows())));
         }

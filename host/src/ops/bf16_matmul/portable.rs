@@ -151,9 +151,9 @@ fn packed_input_grad<T: Weight + Sync>(out: &mut [f32], dy: &[f32], tokens: usiz
 }
 
 /// [`panels`] on the AVX2 tiles: `x` (rounded to bf16 when `round`) into
-/// 4-row slivers once, then per panel its two 16-column parts packed by `fill(n0, width, q,
-/// part)` (`[k][16]` each) and every sliver multiplied by both while it
-/// is in L1.
+/// 4-row slivers once, then per panel its two 16-column parts packed by
+/// `fill(n0, width, q, part)` (`[k][16]` each) and every sliver multiplied
+/// by both while it is in L1.
 #[cfg(target_arch = "x86_64")]
 fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), round: bool, fill: &(dyn Fn(usize, usize, usize, &mut [f32]) + Sync)) {
     use super::avx2::{pack_rows, tile, MR};
@@ -187,8 +187,8 @@ fn packed(out: &mut [f32], x: &[f32], (m, k, n): (usize, usize, usize), round: b
             for (q, part) in panel.chunks_exact(k * NR).enumerate() {
                 let cols = (width - q * NR).min(NR);
                 // SAFETY: AVX2 and FMA are available; the tile writes rows
-                // s * 8 .. + rows and columns n0 + 8q .. + cols of `out`
-                // ([m, n]), which only this panel writes.
+                // s * MR .. + rows and columns n0 + q * NR .. + cols of
+                // `out` ([m, n]), which only this panel writes.
                 unsafe { tile(sliver, part, k, out_ptr.0.add(s * MR * n + n0 + q * NR), n, (rows, cols)) };
             }
         }
