@@ -42,6 +42,13 @@ pub fn zeroed(n: usize) -> Vec<f32> {
     par_filled(n, |_, c| c.fill(MaybeUninit::new(0.0)))
 }
 
+/// A buffer of `n` values the caller overwrites in full: a dropped
+/// tensor's when the spare pool has one (stale values, NaN in debug
+/// builds), a zeroed one otherwise.
+pub fn overwritable(n: usize) -> Vec<f32> {
+    spare::reuse(n).unwrap_or_else(|| zeroed(n))
+}
+
 /// `acc[i] += g[i]`, large slices on the rayon pool.
 pub fn add_assign(acc: &mut [f32], g: &[f32]) {
     assert_eq!(acc.len(), g.len(), "add_assign lengths");
@@ -120,7 +127,7 @@ impl Tensor {
     /// pool has one; zeros otherwise. Saves the zeroing pass ([`spare`]).
     pub fn to_overwrite(shape: &[usize]) -> Self {
         let n = shape.iter().product();
-        Tensor { shape: shape.to_vec(), data: spare::reuse(n).unwrap_or_else(|| zeroed(n)) }
+        Tensor { shape: shape.to_vec(), data: overwritable(n) }
     }
 
     /// Wraps `data`, checking that its length matches `shape`.

@@ -241,11 +241,10 @@ fn lora_backward(
     wanted: [bool; 3],
 ) -> Result<[Option<Tensor>; 3]> {
     let shapes = branch::Shapes::of(x, a, b)?;
-    let mut grads = branch::Grads {
-        dx: wanted[0].then(|| crate::tensor::zeroed(x.len())),
-        da: wanted[1].then(|| crate::tensor::zeroed(a.len())),
-        db: wanted[2].then(|| crate::tensor::zeroed(b.len())),
-    };
+    // `branch::backward` writes every element of each buffer it is given,
+    // so reused buffers need no zeroing pass first.
+    let buffer = |like: &Tensor| crate::tensor::overwritable(like.len());
+    let mut grads = branch::Grads { dx: wanted[0].then(|| buffer(x)), da: wanted[1].then(|| buffer(a)), db: wanted[2].then(|| buffer(b)) };
     branch::backward(&mut grads, &dout.data, &x.data, &a.data, &b.data, xa, scaling, dropout, shapes);
     let wrap = |d: Option<Vec<f32>>, like: &Tensor| d.map(|d| Tensor { shape: like.shape.clone(), data: d });
     Ok([wrap(grads.dx, x), wrap(grads.da, a), wrap(grads.db, b)])

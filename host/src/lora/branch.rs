@@ -58,7 +58,8 @@ impl Shapes {
     }
 }
 
-/// Gradient buffers to fill (each `None` when not wanted).
+/// Gradient buffers to fill (each `None` when not wanted); [`backward`]
+/// writes every element, so they need not be zeroed.
 pub struct Grads {
     /// `[T, in]`.
     pub dx: Option<Vec<f32>>,
