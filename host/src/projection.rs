@@ -70,6 +70,22 @@ impl ProjectionInfo {
         }
         Ok(())
     }
+
+    /// Checks a [`Projection::scaled_rows`] request: one scale per row,
+    /// every row inside `W`, `out` holding `rows.len()` rows of `in_features`.
+    pub fn check_rows(&self, rows: &[usize], scales: &[f32], out: &[f32]) -> Result<()> {
+        if scales.len() != rows.len() || out.len() != rows.len() * self.in_features {
+            return Err(Error::Shape {
+                what: format!("{} (scaled rows)", self.name),
+                expected: vec![rows.len(), rows.len() * self.in_features],
+                got: vec![scales.len(), out.len()],
+            });
+        }
+        match rows.iter().find(|&&r| r >= self.out_features) {
+            Some(r) => Err(Error::invalid(&self.name, format!("row {r} of a weight with {} rows", self.out_features))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A frozen weight and the two products with it.
@@ -122,5 +138,22 @@ pub trait Projection: Send + Sync {
     ) -> Result<Carried> {
         let _ = (dir, input, tokens, out, lora, side, db);
         Ok(Carried::No)
+    }
+
+    /// `out[i] = scales[i] * W[rows[i]]` (`out: [rows.len(), in]`): the
+    /// input gradient of a `dY` that is one-hot per row, which is how the
+    /// default computes it (so a projection served elsewhere answers it
+    /// like any product). Implementations holding `W` read the rows
+    /// instead: the vocabulary head's cross-entropy needs `W[target]` for
+    /// most rows, and a one-hot product over a 4096-row slice costs 4096
+    /// times the gather.
+    fn scaled_rows(&self, rows: &[usize], scales: &[f32], out: &mut [f32]) -> Result<()> {
+        let info = self.info();
+        info.check_rows(rows, scales, out)?;
+        let mut one_hot = vec![0.0f32; rows.len() * info.out_features];
+        for (i, (&r, &s)) in rows.iter().zip(scales).enumerate() {
+            one_hot[i * info.out_features + r] = s;
+        }
+        self.apply(Direction::InputGrad, &one_hot, rows.len(), out)
     }
 }

@@ -105,6 +105,17 @@ impl Projection for StoredProjection {
         self.info.check_io(dir, input, tokens, out)?;
         CpuProjection::new(self.info.clone(), self.weight()?)?.apply(dir, input, tokens, out)
     }
+
+    fn scaled_rows(&self, rows: &[usize], scales: &[f32], out: &mut [f32]) -> Result<()> {
+        self.info.check_rows(rows, scales, out)?;
+        let shape = vec![self.info.out_features, self.info.in_features];
+        let raw = RawTensor { name: self.info.name.clone(), dtype: self.dtype, shape, bytes: &self.bytes };
+        for ((&r, &s), o) in rows.iter().zip(scales).zip(out.chunks_exact_mut(self.info.in_features)) {
+            raw.dequantize_rows(r..r + 1, o)?;
+            o.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    }
 }
 
 /// A checkpoint tensor must be the projection's `[out, in]`.
@@ -138,6 +149,15 @@ impl Projection for CpuProjection {
                     matmul(out, input, w, (tokens, n_out, n_in), 1.0, false);
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn scaled_rows(&self, rows: &[usize], scales: &[f32], out: &mut [f32]) -> Result<()> {
+        self.info.check_rows(rows, scales, out)?;
+        let (w, n_in) = (self.weight(), self.info.in_features);
+        for ((&r, &s), o) in rows.iter().zip(scales).zip(out.chunks_exact_mut(n_in)) {
+            o.iter_mut().zip(&w[r * n_in..(r + 1) * n_in]).for_each(|(o, &w)| *o = s * w);
         }
         Ok(())
     }
@@ -244,6 +264,14 @@ impl Projection for Bf16Projection {
         match dir {
             Direction::Forward => bf16_matmul::forward(self.kernel, out, input, tokens, self.rows()),
             Direction::InputGrad => bf16_matmul::input_grad(self.kernel, out, input, tokens, self.rows()),
+        }
+        Ok(())
+    }
+
+    fn scaled_rows(&self, rows: &[usize], scales: &[f32], out: &mut [f32]) -> Result<()> {
+        self.info.check_rows(rows, scales, out)?;
+        for ((&r, &s), o) in rows.iter().zip(scales).zip(out.chunks_exact_mut(self.info.in_features)) {
+            o.iter_mut().zip(self.table.row(self.first_row + r)).for_each(|(o, w)| *o = s * w.to_f32());
         }
         Ok(())
     }
@@ -381,5 +409,66 @@ mod tests {
         assert!(err.contains("blk.q"), "{err}");
         let wide = ProjectionInfo { in_features: 32, out_features: 6, ..info };
         assert!(StoredProjection::from_raw(wide, &raw).is_err(), "shape [6, 32] for a [3, 64] tensor");
+    }
+    /// A projection that only has `apply`: the trait's one-hot default
+    /// for `scaled_rows`.
+    struct ProductsOnly<'a>(&'a dyn Projection);
+
+    impl Projection for ProductsOnly<'_> {
+        fn info(&self) -> &ProjectionInfo {
+            self.0.info()
+        }
+        fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
+            self.0.apply(dir, input, tokens, out)
+        }
+    }
+
+    /// `scaled_rows` of every CPU projection is `s * W[row]` of its weight
+    /// (f64 of the hand-known weight; one rounding, so exact up to 1 ulp),
+    /// equal to the one-hot product the default computes; a row outside
+    /// the weight or a mismatched scale count is an error, not a panic.
+    #[test]
+    fn scaled_rows_are_the_weight_rows_times_the_scales() {
+        use half::bf16;
+        let (out_f, in_f) = (40, 64);
+        let info = ProjectionInfo { name: "head".into(), kind: ProjectionKind::Mlp, out_features: out_f, in_features: in_f };
+        let w: Vec<f32> = (0..out_f * in_f).map(|i| (i as f32 * 0.43).sin()).collect();
+        let w_bf16: Vec<f32> = w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        let mut q8 = Vec::new();
+        let mut w_q8 = Vec::new();
+        for block in 0..out_f * in_f / 32 {
+            q8.extend(half::f16::from_f32(0.5).to_le_bytes());
+            for j in 0..32 {
+                let q = ((block * 32 + j) as i32 * 53 % 251 - 125) as i8;
+                q8.push(q as u8);
+                w_q8.push(0.5 * q as f32);
+            }
+        }
+        let raw = RawTensor { name: "head".into(), dtype: DType::Q8_0, shape: vec![out_f, in_f], bytes: &q8 };
+        let cases: [(Box<dyn Projection>, &[f32]); 3] = [
+            (Box::new(CpuProjection::new(info.clone(), w.clone()).unwrap()), &w),
+            (Box::new(Bf16Projection::from_f32(info.clone(), &w).unwrap()), &w_bf16),
+            (Box::new(StoredProjection::from_raw(info.clone(), &raw).unwrap()), &w_q8),
+        ];
+        let rows = [3usize, 39, 0, 3, 17];
+        let scales = [1.5f32, -0.25, 7.0, 1.0 / 3.0, 1e-3];
+        for (p, weight) in &cases {
+            let mut got = vec![f32::NAN; rows.len() * in_f];
+            p.scaled_rows(&rows, &scales, &mut got).unwrap();
+            for (i, (&r, &s)) in rows.iter().zip(&scales).enumerate() {
+                for c in 0..in_f {
+                    let want = s as f64 * weight[r * in_f + c] as f64;
+                    assert!((got[i * in_f + c] as f64 - want).abs() <= want.abs() * f32::EPSILON as f64, "row {r} col {c}");
+                }
+            }
+            // the default one-hot product agrees (for bf16 up to its rounding of the scales)
+            let mut product = vec![f32::NAN; rows.len() * in_f];
+            ProductsOnly(p.as_ref()).scaled_rows(&rows, &scales, &mut product).unwrap();
+            for (g, d) in got.iter().zip(&product) {
+                assert!((g - d).abs() <= g.abs() * 1e-2, "{g} vs one-hot product {d}");
+            }
+            assert!(p.scaled_rows(&[out_f], &[1.0], &mut got[..in_f]).is_err(), "row past the end");
+            assert!(p.scaled_rows(&rows, &scales[..2], &mut got).is_err(), "one scale per row");
+        }
     }
 }

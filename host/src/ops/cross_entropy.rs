@@ -13,8 +13,8 @@
 //! into `e = exp(z - m)` and adds `e W_slice` to an accumulator rescaled
 //! whenever `m` grows. At the end `dX = (acc / S - W[target]) / denom`. The
 //! `-W[target]` term is folded into the last slice exactly (its `S` is final
-//! by then); rows whose target sits in an earlier slice get it from one
-//! input-gradient product of a one-hot block of that slice.
+//! by then); rows whose target sits in an earlier slice get it from their
+//! slice's row of `W` ([`Projection::scaled_rows`]).
 //!
 //! Rows whose target is ignored (prompt tokens) never touch the head unless
 //! their logits were asked for.
@@ -214,26 +214,23 @@ fn fold_row(z: &mut [f32], st: &mut RowStats, target: Option<usize>, last: bool)
 }
 
 /// `acc[r] -= S_r W[target_r]` for rows whose target lies before the last
-/// slice: one input-gradient product per slice over a one-hot block of just
-/// those rows (`[rows in slice, slice]`).
+/// slice, their slice's rows of `W` read through [`Projection::scaled_rows`].
 fn subtract_early_targets(head: &[Arc<dyn Projection>], acc: &mut [f32], stats: &[RowStats], tg: &[i64]) -> Result<()> {
     let hidden = head[0].info().in_features;
     let mut first = 0i64;
     for slice in &head[..head.len() - 1] {
-        let width = slice.info().out_features;
-        let rows: Vec<usize> = (0..tg.len()).filter(|&r| (first..first + width as i64).contains(&tg[r])).collect();
+        let width = slice.info().out_features as i64;
+        let rows: Vec<usize> = (0..tg.len()).filter(|&r| (first..first + width).contains(&tg[r])).collect();
         if !rows.is_empty() {
-            let mut onehot = vec![0.0f32; rows.len() * width];
-            for (i, &r) in rows.iter().enumerate() {
-                onehot[i * width + (tg[r] - first) as usize] = stats[r].sum;
-            }
+            let in_slice: Vec<usize> = rows.iter().map(|&r| (tg[r] - first) as usize).collect();
+            let sums: Vec<f32> = rows.iter().map(|&r| stats[r].sum).collect();
             let mut w_t = vec![0.0f32; rows.len() * hidden];
-            slice.apply(Direction::InputGrad, &onehot, rows.len(), &mut w_t)?;
+            slice.scaled_rows(&in_slice, &sums, &mut w_t)?;
             for (i, &r) in rows.iter().enumerate() {
                 acc[r * hidden..(r + 1) * hidden].iter_mut().zip(&w_t[i * hidden..(i + 1) * hidden]).for_each(|(a, w)| *a -= w);
             }
         }
-        first += width as i64;
+        first += width;
     }
     Ok(())
 }
