@@ -145,8 +145,8 @@ pub trait Projection: Send + Sync {
     /// default computes it (so a projection served elsewhere answers it
     /// like any product). Implementations holding `W` read the rows
     /// instead: the vocabulary head's cross-entropy needs `W[target]` for
-    /// most rows, and a one-hot product over a 4096-row slice costs 4096
-    /// times the gather.
+    /// most rows, and a one-hot product over a 4096-row slice does ~8000
+    /// times the gather's arithmetic.
     fn scaled_rows(&self, rows: &[usize], scales: &[f32], out: &mut [f32]) -> Result<()> {
         let info = self.info();
         info.check_rows(rows, scales, out)?;
