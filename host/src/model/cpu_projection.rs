@@ -410,6 +410,7 @@ mod tests {
         let wide = ProjectionInfo { in_features: 32, out_features: 6, ..info };
         assert!(StoredProjection::from_raw(wide, &raw).is_err(), "shape [6, 32] for a [3, 64] tensor");
     }
+
     /// A projection that only has `apply`: the trait's one-hot default
     /// for `scaled_rows`.
     struct ProductsOnly<'a>(&'a dyn Projection);
