@@ -89,8 +89,13 @@ impl StoredProjection {
 
     /// The weight `[out, in]` in f32, as [`CpuProjection::from_raw`] holds it.
     pub fn weight(&self) -> Result<Vec<f32>> {
+        self.raw().to_f32()
+    }
+
+    /// The stored bytes seen again as the checkpoint tensor they came from.
+    fn raw(&self) -> RawTensor<'_> {
         let shape = vec![self.info.out_features, self.info.in_features];
-        RawTensor { name: self.info.name.clone(), dtype: self.dtype, shape, bytes: &self.bytes }.to_f32()
+        RawTensor { name: self.info.name.clone(), dtype: self.dtype, shape, bytes: &self.bytes }
     }
 }
 
@@ -108,8 +113,7 @@ impl Projection for StoredProjection {
 
     fn scaled_rows(&self, rows: &[usize], scales: &[f32], out: &mut [f32]) -> Result<()> {
         self.info.check_rows(rows, scales, out)?;
-        let shape = vec![self.info.out_features, self.info.in_features];
-        let raw = RawTensor { name: self.info.name.clone(), dtype: self.dtype, shape, bytes: &self.bytes };
+        let raw = self.raw();
         for ((&r, &s), o) in rows.iter().zip(scales).zip(out.chunks_exact_mut(self.info.in_features)) {
             raw.dequantize_rows(r..r + 1, o)?;
             o.iter_mut().for_each(|v| *v *= s);
