@@ -12,6 +12,7 @@
 //! - [`runtime`]: the split runtime's job layer (planner, routing, pacing,
 //!   signals, energy);
 //! - [`eval`]: benchmarks, metrics, methods; [`hyper`]: the hypernetwork;
+//! - [`serve`]: the OpenAI-compatible server (stage 3, personalized inference);
 //! - [`cli`]: the `hexlora` subcommands.
 pub mod autograd;
 #[cfg(test)]
@@ -27,6 +28,7 @@ pub mod ops;
 pub mod optim;
 pub mod projection;
 pub mod runtime;
+pub mod serve;
 pub mod tensor;
 pub mod train;
 

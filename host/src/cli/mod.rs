@@ -7,9 +7,11 @@ mod hypertrain;
 mod personalize;
 mod train;
 mod eval;
+mod export_gguf;
 mod generate;
 mod report;
 mod rouge;
+mod serve;
 mod synth;
 use std::process::ExitCode;
 
@@ -39,8 +41,12 @@ enum Command {
     Synth(synth::Args),
     /// The nightly job: split-runtime LoRA training (planner, pacing, commits, resume, report).
     Personalize(personalize::Args),
-    /// Generate text from a model (greedy, temperature, top-p; chat template applied).
+    /// Generate text from a model, optionally with a LoRA adapter (PEFT or GGUF).
     Generate(generate::Args),
+    /// Write a LoRA adapter as a llama.cpp GGUF adapter file.
+    ExportGguf(export_gguf::Args),
+    /// OpenAI-compatible HTTP server: one resident model, an adapter per user.
+    Serve(serve::Args),
     /// Evaluate a method on a benchmark split (one result JSON per temperature).
     Eval(eval::Args),
     /// Turn result files into a markdown report with PNG plots.
@@ -92,7 +98,9 @@ pub fn main() -> ExitCode {
         Command::Synth(args) => synth::run(args),
         Command::Personalize(args) => on_rayon_worker(|| personalize::run(args)),
         Command::Eval(args) => eval::run(args),
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => on_rayon_worker(|| generate::run(args)),
+        Command::ExportGguf(args) => export_gguf::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Report(args) => report::run(args),
     };
     match result {

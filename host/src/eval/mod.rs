@@ -7,12 +7,11 @@
 //! - [`method`]: the `Method` trait every compared method implements, decoding
 //!   settings and the temperature sweep; [`baselines`]: model-free methods;
 //! - [`model_methods`]: base, ICL, common LoRA, per-user LoRA, MeZO on a
-//!   loaded [`model_runtime::EvalModel`] (adapters swapped via [`adapter_slot`]);
+//!   loaded [`model_runtime::EvalModel`] (adapters swapped via [`crate::lora::slots`]);
 //! - [`harness`]: runs a method on a split; [`result`]: the result file and
 //!   method-vs-baseline comparison;
 //! - [`report`], [`plot`]: markdown tables and PNG charts of result files;
 //! - [`rouge`]: ROUGE-1/2/L identical to Python `rouge-score`.
-pub mod adapter_slot;
 pub mod baselines;
 pub mod bench;
 pub mod dataset;

@@ -2,7 +2,7 @@
 //! [`Model`] (generation, answer log-likelihoods) with swappable LoRA slots,
 //! the training [`DecoderGraph`] over the *same* frozen projections, and the
 //! model's tokenizer and chat template.
-use super::adapter_slot::AdapterSlots;
+use crate::lora::slots::AdapterSlots;
 use crate::lora::Adapter;
 use crate::model::chat::{ChatTemplate, Message};
 use crate::model::config::ModelConfig;

@@ -87,7 +87,7 @@ fn mask(v: &mut [f32], first: usize, d: Dropout) {
 }
 
 /// `[rows, cols] -> [cols, rows]`.
-fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut t = vec![0.0; m.len()];
     for (r, row) in m.chunks_exact(cols).enumerate() {
         for (c, &v) in row.iter().enumerate() {
@@ -137,11 +137,25 @@ fn forward_product(y: &mut [f32], xa: &mut [f32], x: &[f32], a: &[f32], b: &[f32
     let xd = xd.as_deref().unwrap_or(x);
     let at = transposed(a, r, in_f); // [in, r]
     let bt = transposed(b, out_f, r); // [r, out]
+    forward_transposed(y, xa, xd, &at, &bt, s, sh, accumulate);
+}
+
+/// The forward's two products from factors already transposed (`at: [in,
+/// r]`, `bt: [r, out]`), as inference keeps them: `y (+)= s * x at bt`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_transposed(y: &mut [f32], xa: &mut [f32], x: &[f32], at: &[f32], bt: &[f32], s: f32, sh: Shapes, accumulate: bool) {
+    let Shapes { tokens: t, in_f, rank: r, out_f } = sh;
+    if t == 0 || r == 0 {
+        if !accumulate {
+            y.fill(0.0);
+        }
+        return;
+    }
     let rows = block_rows(t, r * (in_f + out_f));
-    y.par_chunks_mut(rows * out_f).zip(xa.par_chunks_mut(rows * r)).zip(xd.par_chunks(rows * in_f)).for_each(|((y, xa), x)| {
+    y.par_chunks_mut(rows * out_f).zip(xa.par_chunks_mut(rows * r)).zip(x.par_chunks(rows * in_f)).for_each(|((y, xa), x)| {
         let m = xa.len() / r;
-        matmul_unpacked(xa, x, (in_f, 1), &at, (m, in_f, r), 1.0, false);
-        matmul_unpacked(y, xa, (r, 1), &bt, (m, r, out_f), s, accumulate);
+        matmul_unpacked(xa, x, (in_f, 1), at, (m, in_f, r), 1.0, false);
+        matmul_unpacked(y, xa, (r, 1), bt, (m, r, out_f), s, accumulate);
     });
 }
 

@@ -1,9 +1,12 @@
 //! LoRA adapters: hyper-parameters ([`config`]), the fused branch
-//! ([`branch`]), PEFT directories ([`peft`]) and f32 safetensors
-//! ([`tensor_file`]).
+//! ([`branch`]), PEFT directories ([`peft`]), llama.cpp GGUF adapters
+//! ([`gguf_adapter`]), f32 safetensors ([`tensor_file`]) and the slots that
+//! put an adapter into an inference model ([`slots`]).
 pub mod branch;
 pub mod config;
+pub mod gguf_adapter;
 pub mod peft;
+pub mod slots;
 pub mod tensor_file;
 
 pub use config::LoraConfig;

@@ -121,8 +121,51 @@ impl Adapter {
         if modules.len() * 2 != file.tensors.len() {
             return Err(Error::format(what, "lora_B tensors without a lora_A partner"));
         }
-        modules.sort_by_key(|m| module_order(&m.name));
-        Ok(Adapter { config, modules })
+        let mut ad = Adapter { config, modules };
+        ad.sort_modules();
+        Ok(ad)
+    }
+
+    /// Opens an adapter for a model of shape `model`: a PEFT directory, or
+    /// a llama.cpp LoRA `.gguf` file ([`super::gguf_adapter`]).
+    pub fn open(path: &Path, model: &crate::model::config::ModelConfig) -> Result<Adapter> {
+        if path.is_dir() {
+            Self::load(path)
+        } else if path.extension().is_some_and(|e| e == "gguf") {
+            super::gguf_adapter::import(path, model)
+        } else if path.exists() {
+            Err(Error::invalid(path.display().to_string(), "not a PEFT adapter directory or a .gguf LoRA file"))
+        } else {
+            Err(Error::io(path, std::io::Error::from(std::io::ErrorKind::NotFound)))
+        }
+    }
+
+    /// Checks that every module names one of `projections` with factors of
+    /// its widths at the adapter's rank, and that every factor is finite.
+    pub fn check<'a>(&self, projections: impl IntoIterator<Item = &'a ProjectionInfo>) -> Result<()> {
+        let by_name: std::collections::HashMap<&str, &ProjectionInfo> = projections.into_iter().map(|p| (p.name.as_str(), p)).collect();
+        let r = self.config.r;
+        for m in &self.modules {
+            let info = by_name
+                .get(m.name.as_str())
+                .ok_or_else(|| Error::invalid("adapter", format!("module {} is not a projection of this model", m.name)))?;
+            if m.a.shape != [r, info.in_features] || m.b.shape != [info.out_features, r] {
+                return Err(Error::Shape {
+                    what: format!("adapter factors of {} (A [r, in], B [out, r])", m.name),
+                    expected: vec![r, info.in_features, info.out_features, r],
+                    got: [m.a.shape.clone(), m.b.shape.clone()].concat(),
+                });
+            }
+            if let Some(i) = m.a.data.iter().chain(&m.b.data).position(|v| !v.is_finite()) {
+                return Err(Error::NonFinite(format!("adapter factors of {} (element {i} of A then B)", m.name)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the modules in layer order (numerically), then by name.
+    pub fn sort_modules(&mut self) {
+        self.modules.sort_by_key(|m| module_order(&m.name));
     }
 
     /// The module for projection `name`.

@@ -76,22 +76,40 @@ pub fn prefill(model: &Model, prompt: &[u32]) -> Result<(DecodeState, Vec<f32>)>
 pub fn decode(
     model: &Model,
     state: &mut DecodeState,
-    mut logits: Vec<f32>,
+    logits: Vec<f32>,
     max_new: usize,
     sampling: &Sampling,
     stop: &[u32],
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
+    decode_while(model, state, logits, max_new, sampling, stop, |id| {
+        on_token(id);
+        true
+    })
+}
+
+/// [`decode`], ending early after a token for which `on_token` returns
+/// `false` (a stop string, a client that went away).
+pub fn decode_while(
+    model: &Model,
+    state: &mut DecodeState,
+    mut logits: Vec<f32>,
+    max_new: usize,
+    sampling: &Sampling,
+    stop: &[u32],
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<Vec<u32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
-    let mut out = Vec::with_capacity(max_new);
+    // Grown as tokens come: max_new is a bound, not a size to reserve.
+    let mut out = Vec::new();
     while out.len() < max_new {
         if logits.iter().any(|x| !x.is_finite()) {
             return Err(Error::NonFinite(format!("logits after {} generated tokens", out.len())));
         }
         let next = choose(&mut logits, sampling, &mut rng);
         out.push(next);
-        on_token(next);
-        if stop.contains(&next) || out.len() == max_new {
+        let go_on = on_token(next);
+        if !go_on || stop.contains(&next) || out.len() == max_new {
             break;
         }
         let hidden = model.forward(&[next], state)?;

@@ -286,7 +286,10 @@ impl Gguf {
             // stay readable.
             this.refused_arch = Some(arch.clone());
         }
-        let heads = if arch == "llama" { Some(this.llama_heads()?) } else { None };
+        // A LoRA adapter file names its base's architecture but holds no
+        // head counts; its factors are mapped by `lora::gguf_adapter`.
+        let adapter = this.value("general.type").and_then(Value::as_str) == Some("adapter");
+        let heads = if arch == "llama" && !adapter { Some(this.llama_heads()?) } else { None };
         for (i, t) in this.parsed.tensors.iter().enumerate() {
             let hf = if arch == "qwen35" { qwen35_hf_name(&t.name) } else { hf_name(&t.name) };
             if this.hf_index.insert(hf.clone(), i).is_some() {
@@ -296,7 +299,7 @@ impl Gguf {
             let rewrite = match heads {
                 Some((q, _)) if t.name.ends_with(".attn_q.weight") => Some(Rewrite::Unpermute(q)),
                 Some((_, kv)) if t.name.ends_with(".attn_k.weight") => Some(Rewrite::Unpermute(kv)),
-                _ if arch == "qwen35" => qwen35::undo_for(&t.name).map(Rewrite::Qwen35),
+                _ if arch == "qwen35" && !adapter => qwen35::undo_for(&t.name).map(Rewrite::Qwen35),
                 _ => None,
             };
             this.rewrites.push(rewrite.map(|r| (r, OnceLock::new())));
@@ -450,15 +453,22 @@ impl Gguf {
             ));
         }
         let row_bytes = bytes.len() / rows;
-        let half = rows / n_head / 2;
         let mut out = vec![0u8; bytes.len()];
         for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
-            let (h, s, i) = (r / (2 * half), (r % (2 * half)) / half, r % half);
-            let src = h * 2 * half + 2 * i + s;
+            let src = rotary_gguf_row(r, rows, n_head);
             dst.copy_from_slice(&bytes[src * row_bytes..(src + 1) * row_bytes]);
         }
         Ok(out)
     }
+}
+
+/// Where llama.cpp's converter put row `hf_row` of a llama q/k weight with
+/// `rows` rows in `n_head` rotary heads (`rows % (2 * n_head) == 0`): per
+/// head, HF's (half, i) row order becomes (i, half).
+pub fn rotary_gguf_row(hf_row: usize, rows: usize, n_head: usize) -> usize {
+    let half = rows / n_head / 2;
+    let (h, s, i) = (hf_row / (2 * half), (hf_row % (2 * half)) / half, hf_row % half);
+    h * 2 * half + 2 * i + s
 }
 
 impl TensorSource for Gguf {
@@ -516,21 +526,37 @@ pub fn hf_name(gguf: &str) -> String {
         Some((b, s @ ("weight" | "bias"))) => (b, s),
         _ => return gguf.into(),
     };
-    let hf = match base {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" | "post_attention_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "attn_q_norm" => "self_attn.q_norm",
-        "attn_k_norm" => "self_attn.k_norm",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return gguf.into(),
-    };
-    format!("model.layers.{layer}.{hf}.{suffix}")
+    match LAYER_TENSORS.iter().find(|(g, _)| *g == base) {
+        Some((_, hf)) => format!("model.layers.{layer}.{hf}.{suffix}"),
+        None => gguf.into(),
+    }
+}
+
+/// Per-layer tensor names: llama.cpp's and Hugging Face's (Llama, Qwen3).
+const LAYER_TENSORS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// The GGUF weight name of a Llama/Qwen3 projection module
+/// (`model.layers.3.self_attn.q_proj` -> `blk.3.attn_q.weight`), the
+/// inverse of [`hf_name`] for projections; `None` for other names.
+pub fn gguf_projection_name(module: &str) -> Option<String> {
+    let rest = module.strip_prefix("model.layers.")?;
+    let (layer, hf) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let (gguf, _) = LAYER_TENSORS.iter().find(|(g, h)| *h == hf && !g.ends_with("norm"))?;
+    Some(format!("blk.{layer}.{gguf}.weight"))
 }
 
 /// [`hf_name`] for a `qwen35` file, whose linear-attention tensors have

@@ -1,5 +1,7 @@
 //! Model files, tokenizer and architectures.
+pub mod assistant;
 pub mod chat;
+pub mod checkpoint;
 pub mod config;
 pub mod cpu_projection;
 pub mod decoder;
@@ -7,6 +9,7 @@ pub mod descriptor;
 pub mod generate;
 pub mod gguf;
 pub mod gguf_qwen35;
+pub mod gguf_writer;
 pub mod hf_dir;
 pub mod llama;
 pub mod quant;

@@ -1,29 +1,28 @@
 //! Inference with a swappable LoRA adapter: every frozen projection of the
 //! inference [`Model`](crate::model::decoder::Model) is wrapped in a
-//! [`SlotProjection`] that adds `s * X A^T B^T` (the same
-//! [`crate::lora::branch::forward`] the training graph uses) when its slot
-//! holds factors. Evaluation swaps a user's adapter in and out without
-//! reloading or merging weights, so the base weight stays shared with the
-//! training graph.
+//! [`SlotProjection`] that adds `s * X A^T B^T` (the training graph's
+//! [`crate::lora::branch`] forward, from factors transposed once) when its
+//! slot holds factors. Evaluation, `generate` and `serve` swap adapters in
+//! and out without reloading or merging weights, so the base weights stay
+//! shared: one resident model answers for many users.
 use crate::lora::branch::{self, Shapes};
 use crate::lora::Adapter;
 use crate::projection::{Direction, Projection, ProjectionInfo};
-use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-/// The factors one projection currently applies.
-#[derive(Clone)]
+/// The factors one projection applies, transposed for the forward.
 struct Factors {
-    /// `[r, in]`.
-    a: Tensor,
-    /// `[out, r]`.
-    b: Tensor,
+    /// `A^T`, `[in, r]`.
+    at: Vec<f32>,
+    /// `B^T`, `[r, out]`.
+    bt: Vec<f32>,
+    rank: usize,
     scaling: f32,
 }
 
-type Slot = Arc<RwLock<Option<Factors>>>;
+type Slot = Arc<RwLock<Option<Arc<Factors>>>>;
 
 /// A frozen projection plus the LoRA branch currently in its slot.
 pub struct SlotProjection {
@@ -45,11 +44,30 @@ impl Projection for SlotProjection {
         let guard = self.slot.read().map_err(|_| Error::invalid("adapter slot", "poisoned lock"))?;
         if let Some(f) = guard.as_ref() {
             let info = self.base.info();
-            let sh = Shapes { tokens, in_f: info.in_features, rank: f.a.shape[0], out_f: info.out_features };
+            let sh = Shapes { tokens, in_f: info.in_features, rank: f.rank, out_f: info.out_features };
             let mut xa = vec![0.0; tokens * sh.rank];
-            branch::forward(out, &mut xa, input, &f.a.data, &f.b.data, f.scaling, None, sh);
+            branch::forward_transposed(out, &mut xa, input, &f.at, &f.bt, f.scaling, sh, true);
         }
         Ok(())
+    }
+}
+
+/// An adapter checked against a model's slots and transposed, ready to be
+/// installed in O(modules) (`serve` keeps one per registered user).
+#[derive(Clone, Default)]
+pub struct PreparedAdapter {
+    factors: HashMap<String, Arc<Factors>>,
+}
+
+impl PreparedAdapter {
+    /// Adapted projections.
+    pub fn len(&self) -> usize {
+        self.factors.len()
+    }
+
+    /// No projection is adapted (the base model).
+    pub fn is_empty(&self) -> bool {
+        self.factors.is_empty()
     }
 }
 
@@ -67,32 +85,44 @@ impl AdapterSlots {
         Arc::new(SlotProjection { base, slot })
     }
 
-    /// Puts `adapter` in (every module must name a wrapped projection with
-    /// matching widths); `None` clears all slots (the base model).
-    pub fn set(&self, adapter: Option<&Adapter>) -> Result<()> {
-        let mut next: HashMap<&str, Factors> = HashMap::new();
-        if let Some(ad) = adapter {
-            for m in &ad.modules {
-                let (info, _) = self
-                    .slots
-                    .get(&m.name)
-                    .ok_or_else(|| Error::invalid("adapter", format!("module {} is not a projection of this model", m.name)))?;
-                let r = ad.config.r;
-                if m.a.shape != [r, info.in_features] || m.b.shape != [info.out_features, r] {
-                    return Err(Error::Shape {
-                        what: format!("adapter factors of {}", m.name),
-                        expected: vec![r, info.in_features, info.out_features, r],
-                        got: [m.a.shape.clone(), m.b.shape.clone()].concat(),
-                    });
-                }
-                next.insert(&m.name, Factors { a: m.a.clone(), b: m.b.clone(), scaling: ad.config.scaling() });
-            }
+    /// Checks `adapter` against the slots (every module must name a wrapped
+    /// projection with matching widths, all factors finite) and transposes
+    /// its factors; the branch is scaled by `scale` times the adapter's own
+    /// scaling (llama.cpp's `--lora-scaled`).
+    pub fn prepare(&self, adapter: &Adapter, scale: f32) -> Result<PreparedAdapter> {
+        if !scale.is_finite() {
+            return Err(Error::invalid("adapter scale", format!("{scale} (must be finite)")));
         }
+        adapter.check(self.slots.values().map(|(info, _)| info))?;
+        let r = adapter.config.r;
+        let mut factors = HashMap::new();
+        for m in &adapter.modules {
+            let (info, _) = &self.slots[&m.name];
+            let f = Factors {
+                at: branch::transposed(&m.a.data, r, info.in_features),
+                bt: branch::transposed(&m.b.data, info.out_features, r),
+                rank: r,
+                scaling: adapter.config.scaling() * scale,
+            };
+            factors.insert(m.name.clone(), Arc::new(f));
+        }
+        Ok(PreparedAdapter { factors })
+    }
+
+    /// Installs `adapter` (from [`Self::prepare`] on these slots); `None`
+    /// clears all slots (the base model).
+    pub fn install(&self, adapter: Option<&PreparedAdapter>) -> Result<()> {
         for (name, (_, slot)) in &self.slots {
             let mut g = slot.write().map_err(|_| Error::invalid("adapter slot", "poisoned lock"))?;
-            *g = next.remove(name.as_str());
+            *g = adapter.and_then(|a| a.factors.get(name).cloned());
         }
         Ok(())
+    }
+
+    /// Prepares and installs `adapter` at scale 1; `None` restores the base model.
+    pub fn set(&self, adapter: Option<&Adapter>) -> Result<()> {
+        let prepared = adapter.map(|a| self.prepare(a, 1.0)).transpose()?;
+        self.install(prepared.as_ref())
     }
 }
 
@@ -102,6 +132,7 @@ mod tests {
     use crate::lora::{LoraConfig, LoraModule};
     use crate::model::cpu_projection::CpuProjection;
     use crate::projection::ProjectionKind;
+    use crate::tensor::Tensor;
 
     #[test]
     fn slot_adds_the_branch_and_clears_back_to_the_base() {
