@@ -19,6 +19,9 @@ export HEXLORA_SIM_SERVICE
 echo "== native tests"
 cargo test --workspace
 
+echo "== GGUF LoRA adapters in llama.cpp (xllamacpp in a venv of its own)"
+bash ci/llama-cpp-adapter.sh
+
 echo "== firmware self-test binary, native (the same registry the simulator runs)"
 cargo run -q -p hexlora-dsp --bin selftest | tail -n 1
 

@@ -45,7 +45,8 @@ pub struct Args {
     /// GGUF file or Hugging Face model directory.
     #[arg(long)]
     model: PathBuf,
-    /// PEFT adapter directory (adapter_config.json + adapter_model.safetensors).
+    /// The adapter: a PEFT directory (adapter_config.json +
+    /// adapter_model.safetensors) or a llama.cpp `.gguf` LoRA file.
     #[arg(long)]
     adapter: PathBuf,
     /// JSON `{"input_ids": [[...]], "labels": [[...]]}` (labels aligned with
@@ -79,7 +80,8 @@ struct Routes {
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let model = open_model(&args)?;
-    let adapter = Adapter::load(&args.adapter)?;
+    let config = crate::model::checkpoint::Checkpoint::open(&args.model)?.config;
+    let adapter = Adapter::open(&args.adapter, &config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     let text = std::fs::read_to_string(&args.batch).with_context(|| args.batch.display().to_string())?;
     let batch: Batch = serde_json::from_str(&text).with_context(|| format!("{}: expected {{\"input_ids\": [[...]], \"labels\": [[...]]}}", args.batch.display()))?;
     let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true)?;

@@ -13,6 +13,7 @@ mod report;
 mod rouge;
 mod serve;
 mod synth;
+mod tokenize;
 use std::process::ExitCode;
 
 /// hexlora: on-device LLM personalization.
@@ -47,6 +48,8 @@ enum Command {
     ExportGguf(export_gguf::Args),
     /// OpenAI-compatible HTTP server: one resident model, an adapter per user.
     Serve(serve::Args),
+    /// Print the token ids of a text (raw or in the chat template) as JSON.
+    Tokenize(tokenize::Args),
     /// Evaluate a method on a benchmark split (one result JSON per temperature).
     Eval(eval::Args),
     /// Turn result files into a markdown report with PNG plots.
@@ -101,6 +104,7 @@ pub fn main() -> ExitCode {
         Command::Generate(args) => on_rayon_worker(|| generate::run(args)),
         Command::ExportGguf(args) => export_gguf::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
         Command::Report(args) => report::run(args),
     };
     match result {

@@ -13,6 +13,7 @@ use crate::train::decoder_graph::DecoderGraph;
 use crate::train::trainer::{train, RunOptions, TrainConfig};
 use crate::train::mezo_loop::{train_mezo, MezoConfig};
 use crate::optim::mezo::Mezo;
+use anyhow::Context;
 use std::path::PathBuf;
 
 /// Arguments of `hexlora train`.
@@ -34,6 +35,11 @@ pub struct Args {
     /// Continue the run committed in --out.
     #[arg(long)]
     resume: bool,
+    /// Start from this adapter (PEFT directory or llama.cpp `.gguf`)
+    /// instead of a fresh init; its rank, alpha and targets replace
+    /// --rank, --alpha and --targets.
+    #[arg(long, conflicts_with = "resume")]
+    init_adapter: Option<PathBuf>,
     /// Optimizer steps (default: one epoch).
     #[arg(long)]
     steps: Option<u64>,
@@ -154,18 +160,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         activation_cap: args.activation_cap_mb.map(|m| m << 20),
         head_chunk: 256,
     };
+    let mut config = config;
+    let init = match &args.init_adapter {
+        Some(p) => {
+            let cfg = crate::model::checkpoint::Checkpoint::open(&args.model)?.config;
+            let init = Adapter::open(p, &cfg).with_context(|| format!("loading --init-adapter {}", p.display()))?;
+            init.check(&model.projections())?;
+            config.lora = LoraConfig { dropout: args.dropout, base_model: config.lora.base_model.clone(), ..init.config.clone() };
+            Some(init)
+        }
+        None => None,
+    };
     let eval = match &args.eval_data {
         Some(p) => Some(load_jsonl(p, enc, args.max_len)?.0),
         None => None,
     };
     let before = match &eval {
-        Some(e) => Some(evaluate(&*model, &Adapter::init(config.lora.clone(), &model.projections(), 0)?, e)?),
+        Some(e) => {
+            let start = match &init {
+                Some(a) => a.clone(),
+                None => Adapter::init(config.lora.clone(), &model.projections(), 0)?,
+            };
+            Some(evaluate(&*model, &start, e)?)
+        }
         None => None,
     };
     // Tokens of this invocation's steps (a resumed run's history holds earlier ones too).
     let mut tokens_here = 0u64;
     let mut count = |r: &crate::train::commit::StepRecord| tokens_here += r.tokens;
-    let run = RunOptions { resume: args.resume, progress: !args.quiet, stop_after: None, on_step: Some(&mut count) };
+    if let Some(init) = &init {
+        if args.out.join(crate::train::commit::COMMIT_FILE).exists() {
+            anyhow::bail!("{} already holds a run: --resume it, or give --init-adapter a new --out", args.out.display());
+        }
+        std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
+        crate::train::trainer::commit_start(init, &config, &data, &args.out)?;
+    }
+    let run = RunOptions { resume: args.resume || init.is_some(), progress: !args.quiet, stop_after: None, on_step: Some(&mut count) };
     let started = std::time::Instant::now();
     let (history, adapter, steps) = match args.optimizer {
         Optimizer::Adamw => {

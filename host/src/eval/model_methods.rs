@@ -17,13 +17,12 @@ use super::task::{TaskKind, TaskSpec};
 use crate::autograd::counter_rng;
 use crate::lora::{Adapter, LoraConfig};
 use crate::model::chat::Message;
-use crate::optim::adamw::{AdamW, AdamWConfig};
+use crate::optim::adamw::AdamWConfig;
 use crate::optim::mezo::Mezo;
 use crate::optim::schedule::{Decay, Schedule};
-use crate::train::commit::TrainState;
 use crate::train::grad::evaluate;
 use crate::train::graph::{Batch, TrainableModel};
-use crate::train::trainer::{example_index, fingerprint, train, RunOptions, TrainConfig};
+use crate::train::trainer::{commit_start, example_index, train, RunOptions, TrainConfig};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -277,16 +276,7 @@ impl ModelMethod {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let config = self.train_config(budget, seed);
         if let Some(init) = init {
-            let params: Vec<_> = init.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
-            let state = TrainState {
-                adapter: init.clone(),
-                adamw: AdamW::new(config.adamw, &params),
-                cursor: 0,
-                seed,
-                history: Vec::new(),
-                fingerprint: fingerprint(&config, data),
-            };
-            state.commit(dir)?;
+            commit_start(init, &config, data, dir)?;
         }
         let run = RunOptions { resume: init.is_some(), progress: false, stop_after: None, on_step: None };
         let state = train(&self.model.graph, data, &config, dir, run)?;

@@ -80,10 +80,7 @@ impl Assistant {
         let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(cpu_projection(info, raw)?));
         let model = Model::load(ckpt.config.clone(), ckpt.tensors(), &wrap)?;
         let tokenizer = ckpt.tokenizer()?;
-        let template = match &ckpt.chat_template {
-            Some(j) => ChatTemplate::from_jinja(j)?,
-            None => ChatTemplate::chatml(),
-        };
+        let template = ckpt.template()?;
         let mut stop_ids = model.config.eos_token_ids.clone();
         stop_ids.extend(tokenizer.eos_id);
         stop_ids.extend(tokenizer.token_to_id("<|im_end|>"));

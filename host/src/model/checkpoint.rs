@@ -1,6 +1,7 @@
 //! One way to open a model: a `.gguf` file or a Hugging Face directory,
 //! read once into its tensor source, configuration, tokenizer and chat
 //! template.
+use crate::model::chat::ChatTemplate;
 use crate::model::config::ModelConfig;
 use crate::model::gguf::Gguf;
 use crate::model::hf_dir::HfDir;
@@ -59,6 +60,15 @@ impl Checkpoint {
         match &self.source {
             Source::Gguf(g) => g,
             Source::HfDir(d) => d,
+        }
+    }
+
+    /// The chat template hexlora renders for this model (ChatML when the
+    /// checkpoint has none; an error for templates it cannot render).
+    pub fn template(&self) -> Result<ChatTemplate> {
+        match &self.chat_template {
+            Some(j) => ChatTemplate::from_jinja(j),
+            None => Ok(ChatTemplate::chatml()),
         }
     }
 

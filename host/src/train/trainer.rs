@@ -67,6 +67,22 @@ fn fresh_state(model: &dyn TrainableModel, config: &TrainConfig, fp: String) -> 
     Ok(TrainState { adamw: AdamW::new(config.adamw, &params), adapter, cursor: 0, seed: config.seed, history: Vec::new(), fingerprint: fp })
 }
 
+/// Makes `init` (a common LoRA, last night's adapter) the start of a run
+/// in `out`: its first commit, with fresh optimizer moments, which
+/// [`train`] then resumes. `config.lora` must describe `init`.
+pub fn commit_start(init: &Adapter, config: &TrainConfig, data: &[Batch], out: &Path) -> Result<()> {
+    let params: Vec<Tensor> = init.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+    let state = TrainState {
+        adapter: init.clone(),
+        adamw: AdamW::new(config.adamw, &params),
+        cursor: 0,
+        seed: config.seed,
+        history: Vec::new(),
+        fingerprint: fingerprint(config, data),
+    };
+    state.commit(out)
+}
+
 /// Options a caller passes to [`train`] besides the configuration.
 pub struct RunOptions<'a> {
     /// Continue from the commit in the output directory.

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# hexlora's GGUF LoRA adapters in llama.cpp (ci/llama_cpp_adapter.py says
+# what is checked). llama.cpp comes from PyPI's xllamacpp (prebuilt, generic
+# AVX2 CPU build) in a venv of its own: a peer for this check, never a
+# dependency of hexlora. Ends with `N passed, M failed`.
+#
+# Env: HEXLORA_PEER_VENV (default target/peer-venv), PYTHON (python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${HEXLORA_PEER_VENV:-target/peer-venv}"
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$MODEL" ] || bash toolchain/fetch-models.sh
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import xllamacpp, gguf, safetensors" 2>/dev/null; then
+    echo "llama-cpp-adapter: making $VENV (xllamacpp, gguf, safetensors, numpy)"
+    "${PYTHON:-python3}" -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet xllamacpp==2026.10.11549 gguf==0.19.0 safetensors numpy
+fi
+# The dev profile: cargo test has built it already in CI.
+cargo build -q -p hexlora
+# llama.cpp's own log (loading, slots) goes to a file; the checks to stdout.
+"$VENV/bin/python" ci/llama_cpp_adapter.py target/debug/hexlora "$MODEL" target/llama-cpp-adapter 2>target/llama-cpp-adapter.log \
+    || { tail -n 20 target/llama-cpp-adapter.log >&2; exit 1; }
