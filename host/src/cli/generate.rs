@@ -66,19 +66,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop: args.stop,
     };
     let mut stdout = std::io::stdout();
-    let start = std::time::Instant::now();
     let answer = assistant.complete(&req, adapter.as_ref(), |piece| {
         let _ = write!(stdout, "{piece}");
         let _ = stdout.flush();
         true
     })?;
-    let secs = start.elapsed().as_secs_f64();
     println!();
+    // The first generated token comes out of the prefill; the rest are decoding steps.
+    let steps = answer.completion_tokens.saturating_sub(1);
     eprintln!(
-        "[{} prompt tokens, {} generated, {:.1} tokens/s, finish: {}]",
+        "[{} prompt tokens in {:.3} s ({:.1} tok/s), {} generated in {:.3} s ({:.1} tok/s), finish: {}]",
         answer.prompt_tokens,
+        answer.prompt_seconds,
+        answer.prompt_tokens as f64 / answer.prompt_seconds,
         answer.completion_tokens,
-        (answer.prompt_tokens + answer.completion_tokens) as f64 / secs,
+        answer.decode_seconds,
+        steps as f64 / answer.decode_seconds.max(1e-9),
         answer.finish.as_str()
     );
     Ok(())

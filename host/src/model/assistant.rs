@@ -59,6 +59,10 @@ pub struct Answer {
     pub completion_tokens: usize,
     /// Why it ended.
     pub finish: Finish,
+    /// Seconds spent on the prompt (prefill).
+    pub prompt_seconds: f64,
+    /// Seconds spent generating after it.
+    pub decode_seconds: f64,
 }
 
 /// A model with adapter slots, its tokenizer and chat template.
@@ -126,7 +130,9 @@ impl Assistant {
     }
 
     fn run(&self, req: &Request, on_text: &mut impl FnMut(&str) -> bool) -> Result<Answer> {
+        let start = std::time::Instant::now();
         let (mut state, logits) = prefill(&self.model, &req.prompt)?;
+        let prompt_seconds = start.elapsed().as_secs_f64();
         let mut ids = Vec::new();
         let mut stream = TextStream::new(&req.stop);
         let mut failed = None;
@@ -141,10 +147,11 @@ impl Assistant {
         if let Some(e) = failed {
             return Err(e);
         }
+        let decode_seconds = start.elapsed().as_secs_f64() - prompt_seconds;
         let (text, stopped_by_string) = stream.finish(on_text);
         let ended_on_token = ids.last().is_some_and(|id| self.stop_ids.contains(id));
         let finish = if stopped_by_string || ended_on_token { Finish::Stop } else { Finish::Length };
-        Ok(Answer { text, prompt_tokens: req.prompt.len(), completion_tokens: ids.len(), finish })
+        Ok(Answer { text, prompt_tokens: req.prompt.len(), completion_tokens: ids.len(), finish, prompt_seconds, decode_seconds })
     }
 }
 

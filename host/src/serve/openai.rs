@@ -54,14 +54,13 @@ pub struct Sampling {
     pub tools: Option<Value>,
 }
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`, besides the [`Sampling`] fields (each
+/// body is parsed twice, once per struct: `serde(flatten)` cannot carry
+/// numbers when serde_json's arbitrary precision is on, as it is here).
 #[derive(Clone, Debug, Deserialize)]
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
-    /// The rest.
-    #[serde(flatten)]
-    pub sampling: Sampling,
 }
 
 /// A chat message; `content` may be a string or a list of text parts.
@@ -114,14 +113,11 @@ impl ChatMessage {
     }
 }
 
-/// `POST /v1/completions`.
+/// `POST /v1/completions`, besides the [`Sampling`] fields.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CompletionRequest {
     /// The raw prompt (no chat template).
     pub prompt: Prompt,
-    /// The rest.
-    #[serde(flatten)]
-    pub sampling: Sampling,
 }
 
 /// `prompt`: a string, or a list holding one string.

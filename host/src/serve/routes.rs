@@ -115,7 +115,7 @@ async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
             .map(|(i, m)| m.to_message().map_err(|e| ApiError::bad(format!("messages[{i}]: {e}"), "messages")))
             .collect::<Result<Vec<_>, _>>()?;
         let prompt = s.assistant.chat_prompt(&messages).map_err(|e| ApiError::bad(e.to_string(), "messages"))?;
-        answer(&s, Endpoint::Chat, req.sampling, prompt).await
+        answer(&s, Endpoint::Chat, parse(&body)?, prompt).await
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -129,7 +129,7 @@ async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
             Prompt::Many(v) => return Err(ApiError::bad(format!("{} prompts (one per request)", v.len()), "prompt")),
         };
         let prompt = s.assistant.raw_prompt(&text).map_err(|e| ApiError::bad(e.to_string(), "prompt"))?;
-        answer(&s, Endpoint::Completion, req.sampling, prompt).await
+        answer(&s, Endpoint::Completion, parse(&body)?, prompt).await
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
