@@ -12,9 +12,10 @@
 //! CPU. What went where is printed.
 use crate::lora::tensor_file::TensorFile;
 use crate::lora::Adapter;
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::checkpoint::Checkpoint;
+use crate::model::config::Arch;
 use crate::model::decoder::{cpu_projection, ProjectionFactory};
-use crate::model::source::{RawTensor, TensorSource};
+use crate::model::source::RawTensor;
 use crate::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy, TransportKind};
 use crate::projection::{Projection, ProjectionInfo};
 use crate::tensor::Tensor;
@@ -25,7 +26,7 @@ use crate::train::qwen35_graph::Qwen35Graph;
 use crate::Error;
 use anyhow::Context;
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Where the frozen projections are computed.
@@ -79,9 +80,9 @@ struct Routes {
 
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = open_model(&args)?;
-    let config = crate::model::checkpoint::Checkpoint::open(&args.model)?.config;
-    let adapter = Adapter::open(&args.adapter, &config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
+    let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = open_model(&args, &ckpt)?;
+    let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     let text = std::fs::read_to_string(&args.batch).with_context(|| args.batch.display().to_string())?;
     let batch: Batch = serde_json::from_str(&text).with_context(|| format!("{}: expected {{\"input_ids\": [[...]], \"labels\": [[...]]}}", args.batch.display()))?;
     let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true)?;
@@ -93,9 +94,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn open_model(args: &Args) -> anyhow::Result<Box<dyn TrainableModel>> {
+fn open_model(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<Box<dyn TrainableModel>> {
     let kind = match args.backend {
-        Backend::Cpu => return Ok(open_with(&args.model, &cpu_projection)?),
+        Backend::Cpu => return Ok(open_with(ckpt, &cpu_projection)?),
         Backend::Dsp => TransportKind::InProcess,
         Backend::DspSim => TransportKind::Simulator,
     };
@@ -104,7 +105,7 @@ fn open_model(args: &Args) -> anyhow::Result<Box<dyn TrainableModel>> {
     let client = NpuClient::connect(kind, &options).with_context(|| format!("connecting to the DSP service ({kind})"))?;
     let routes = RefCell::new(Routes::default());
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| npu_projection(&client, &policy, &routes, info, raw);
-    let model = open_with(&args.model, &factory)?;
+    let model = open_with(ckpt, &factory)?;
     let r = routes.into_inner();
     let bytes = client.resident_bytes();
     println!(
@@ -151,26 +152,13 @@ fn npu_projection(
     }
 }
 
-/// Opens a GGUF file or a Hugging Face directory as the training graph of
-/// its architecture, with `make` building the frozen projections.
-pub fn open_with(path: &Path, make: &ProjectionFactory<'_>) -> crate::Result<Box<dyn TrainableModel>> {
-    use crate::model::{gguf::Gguf, hf_dir::HfDir};
-    let load = |src: &dyn TensorSource, cfg: ModelConfig| -> crate::Result<Box<dyn TrainableModel>> {
-        if cfg.arch == Arch::Qwen35 {
-            Ok(Box::new(Qwen35Graph::load_with(src, cfg, make)?))
-        } else {
-            Ok(Box::new(DecoderGraph::load_with(src, cfg, make)?))
-        }
-    };
-    if path.is_dir() {
-        let dir = HfDir::open(path)?;
-        let cfg = ModelConfig::from_hf_json(dir.config())?;
-        load(&dir, cfg)
-    } else if path.extension().is_some_and(|e| e == "gguf") {
-        let g = Gguf::open(path)?;
-        let cfg = ModelConfig::from_gguf(&g)?;
-        load(&g, cfg)
+/// The training graph of the checkpoint's architecture, with `make`
+/// building the frozen projections.
+pub fn open_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>) -> crate::Result<Box<dyn TrainableModel>> {
+    let (src, cfg) = (ckpt.tensors(), ckpt.config.clone());
+    if cfg.arch == Arch::Qwen35 {
+        Ok(Box::new(Qwen35Graph::load_with(src, cfg, make)?))
     } else {
-        Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
+        Ok(Box::new(DecoderGraph::load_with(src, cfg, make)?))
     }
 }

@@ -59,18 +59,6 @@ pub struct PreparedAdapter {
     factors: HashMap<String, Arc<Factors>>,
 }
 
-impl PreparedAdapter {
-    /// Adapted projections.
-    pub fn len(&self) -> usize {
-        self.factors.len()
-    }
-
-    /// No projection is adapted (the base model).
-    pub fn is_empty(&self) -> bool {
-        self.factors.is_empty()
-    }
-}
-
 /// All slots of one model, by projection name.
 #[derive(Clone, Default)]
 pub struct AdapterSlots {
