@@ -264,6 +264,9 @@ mod tests {
         ad.sort_modules();
         assert_eq!(back.modules, ad.modules);
         assert_eq!((back.config.r, back.config.alpha, back.config.scaling()), (2, 5.0, 2.5));
+        // ... and on to PEFT again.
+        back.save(&dir.path().join("peft")).unwrap();
+        assert_eq!(Adapter::load(&dir.path().join("peft")).unwrap().modules, ad.modules);
         // In the file, q's B has rows in llama.cpp's order: with 2 heads of
         // 4 rows, HF rows (0, 1, 2, 3) of a head sit at (0, 2, 1, 3).
         let g = Gguf::open(&path).unwrap();
