@@ -20,24 +20,11 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The real model, or `None` (a loud failure under CI, where
-/// `toolchain/fetch-models.sh` places it).
-fn gguf_path() -> Option<PathBuf> {
-    let p = root().join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(std::env::var_os("CI").is_none(), "{} is absent under CI (toolchain/fetch-models.sh places it)", p.display());
-    eprintln!("SKIPPED: {} is absent (run toolchain/fetch-models.sh)", p.display());
-    None
-}
+mod support;
+use support::{adapter, root, smollm2 as gguf_path};
 
 fn adapter_dir() -> PathBuf {
-    root().join("tests/fixtures/adapters/sotu/adapter")
+    adapter("sotu")
 }
 
 fn expected() -> Vec<u8> {

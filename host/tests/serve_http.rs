@@ -9,23 +9,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn model() -> Option<PathBuf> {
-    let p = root().join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(std::env::var_os("CI").is_none(), "{} is absent under CI (toolchain/fetch-models.sh places it)", p.display());
-    eprintln!("SKIPPED: {} is absent (run toolchain/fetch-models.sh)", p.display());
-    None
-}
-
-fn adapter(name: &str) -> PathBuf {
-    root().join("tests/fixtures/adapters").join(name).join("adapter")
-}
+mod support;
+use support::{adapter, smollm2 as model};
 
 /// A running server, killed if the test fails before it stops it.
 struct Server {

@@ -8,8 +8,7 @@ use crate::model::chat::{ChatTemplate, Message};
 use crate::model::config::ModelConfig;
 use crate::model::decoder::{cpu_projection, Model};
 use crate::model::generate::{decode, generate, prefill, Sampling};
-use crate::model::gguf::Gguf;
-use crate::model::hf_dir::HfDir;
+use crate::model::checkpoint::Checkpoint;
 use crate::model::source::{RawTensor, TensorSource};
 use crate::model::tokenizer::Tokenizer;
 use crate::projection::{Projection, ProjectionInfo};
@@ -38,21 +37,8 @@ pub struct EvalModel {
 impl EvalModel {
     /// Opens a GGUF file or a Hugging Face directory (ChatML models only).
     pub fn open(path: &Path) -> Result<Self> {
-        if path.is_dir() {
-            let dir = HfDir::open(path)?;
-            let cfg = ModelConfig::from_hf_json(dir.config())?;
-            let jinja = std::fs::read_to_string(path.join("tokenizer_config.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .and_then(|v| v.get("chat_template").and_then(|t| t.as_str()).map(String::from));
-            Self::build(&dir, cfg, Tokenizer::from_hf_dir(path)?, jinja.as_deref())
-        } else {
-            let g = Gguf::open(path)?;
-            let cfg = ModelConfig::from_gguf(&g)?;
-            let jinja = g.get_str("tokenizer.chat_template").ok().map(String::from);
-            let tok = Tokenizer::from_gguf(&g)?;
-            Self::build(&g, cfg, tok, jinja.as_deref())
-        }
+        let ckpt = Checkpoint::open(path)?;
+        Self::build(ckpt.tensors(), ckpt.config.clone(), ckpt.tokenizer()?, ckpt.chat_template.as_deref())
     }
 
     fn build(src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, jinja: Option<&str>) -> Result<Self> {
