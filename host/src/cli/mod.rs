@@ -91,6 +91,8 @@ pub fn main() -> ExitCode {
     let result: anyhow::Result<()> = match cli.command {
         Command::Info => {
             println!("hexlora {}", env!("CARGO_PKG_VERSION"));
+            println!("target: {}-{}", std::env::consts::ARCH, std::env::consts::OS);
+            println!("frozen products (bf16): {:?}", crate::ops::bf16_matmul::Kernel::detect());
             Ok(())
         }
         Command::Rouge(args) => rouge::run(args),

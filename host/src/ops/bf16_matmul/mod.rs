@@ -15,6 +15,10 @@
 //!   activation is rounded once per call into tile order (per pass of
 //!   ~768 KB when the reduction is long, so it stays in L2). Speed: the
 //!   ignored benchmarks in `bench.rs`.
+//! - [`Kernel::Avx512Bf16`] (x86-64 with AVX512-BF16 but no AMX, e.g. AMD
+//!   Zen 4, `avx512bf16.rs`): `VDPBF16PS` register tiles over operands
+//!   packed in bf16 pairs along the reduction, twice the multiply-adds per
+//!   instruction of the f32 tiles.
 //! - [`Kernel::Portable`] (`portable.rs`): any CPU; widens 32-wide panels
 //!   of W to f32 and multiplies the bf16-rounded activations with the
 //!   register tiles of `ops::matmul` (AVX-512 or AVX2+FMA where present).
@@ -30,6 +34,8 @@ use rayon::prelude::*;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512bf16;
 mod portable;
 pub use portable::{f32_forward, f32_input_grad};
 #[cfg(target_arch = "x86_64")]
@@ -104,16 +110,29 @@ impl Rows<'_> {
 pub enum Kernel {
     /// AMX tiles (`TDPBF16PS`).
     Amx,
+    /// AVX-512 register tiles of `VDPBF16PS`.
+    Avx512Bf16,
     /// Any CPU: bf16 panels widened to f32, f32 register tiles.
     Portable,
 }
 
 impl Kernel {
     /// AMX when the CPU has AMX-BF16 and the OS granted this process the
-    /// tile state (asked once), else the portable kernel.
+    /// tile state (asked once), else AVX512-BF16 where the CPU has it, else
+    /// the portable kernel. `HEXLORA_BF16_KERNEL=amx|avx512bf16|portable`
+    /// picks one (a kernel this CPU lacks falls back as above), so runs
+    /// can be compared kernel against kernel.
     pub fn detect() -> Kernel {
-        if amx_available() {
+        let wanted = std::env::var("HEXLORA_BF16_KERNEL").ok();
+        match wanted.as_deref() {
+            Some("portable") => return Kernel::Portable,
+            Some("avx512bf16") if avx512bf16_available() => return Kernel::Avx512Bf16,
+            _ => {}
+        }
+        if amx_available() && wanted.as_deref() != Some("avx512bf16") {
             Kernel::Amx
+        } else if avx512bf16_available() {
+            Kernel::Avx512Bf16
         } else {
             Kernel::Portable
         }
@@ -132,6 +151,18 @@ pub fn amx_available() -> bool {
     }
 }
 
+/// Whether [`Kernel::Avx512Bf16`] can run here.
+pub fn avx512bf16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512bf16::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `out[tokens, w.len] = bf16(x[tokens, cols]) W^T`.
 pub fn forward(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: Rows<'_>) {
     let (k, n) = (w.matrix.cols, w.len);
@@ -141,6 +172,9 @@ pub fn forward(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: Row
         #[cfg(target_arch = "x86_64")]
         Kernel::Amx if amx::available() => amx::forward(out, x, tokens, w.bits(), n, k),
         Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::forward(out, x, tokens, w.bits(), n, k),
+        Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
         Kernel::Portable => portable::forward(out, x, tokens, w.bits(), n, k),
     }
 }
@@ -154,6 +188,9 @@ pub fn input_grad(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w:
         #[cfg(target_arch = "x86_64")]
         Kernel::Amx if amx::available() => amx::input_grad(out, dy, tokens, w.bits(), rows, cols),
         Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::input_grad(out, dy, tokens, w.bits(), rows, cols),
+        Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
         Kernel::Portable => portable::input_grad(out, dy, tokens, w.bits(), rows, cols),
     }
 }

@@ -1,0 +1,206 @@
+//! The AVX512-BF16 kernel, for CPUs that have `VDPBF16PS` but no AMX tiles
+//! (AMD Zen 4 and later; Intel parts where the OS does not grant AMX).
+//! `VDPBF16PS` multiplies 16 pairs of bf16 and adds each pair's two
+//! products to an f32 lane: twice the multiply-adds of an f32 FMA per
+//! instruction, read straight from bf16 operands.
+//!
+//! Operands are packed so that a pair runs along the reduction: the
+//! activation (rounded to bf16 once per call) into slivers of [`MR`] rows,
+//! `[pairs][MR]` dwords of two bf16 each; per 32-column output panel the
+//! weight into `[pairs][32]` dwords, widened from nothing (bf16 stays
+//! bf16), so a panel is half the bytes of the f32 kernels' panels. A
+//! register tile of `MR x 32` outputs broadcasts one activation dword per
+//! row and multiplies it with the panel's two 16-lane vectors of the same
+//! pair. An odd reduction length pads the last pair with a zero.
+//!
+//! Each output element is one lane of one accumulator, fed the pairs in
+//! order, and one thread computes it: results do not depend on the thread
+//! count (tested). They differ from the f32-FMA kernels' in summation order
+//! only (pairs), so the tests compare against f64 of the rounded operands.
+use super::round_bits;
+use crate::ops::SharedMut;
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+
+/// Rows of a register tile.
+const MR: usize = 8;
+/// Columns of a register tile: two vectors of 16 f32 lanes (one panel).
+const NR: usize = 32;
+
+/// Whether this CPU has AVX-512F and AVX512-BF16.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+}
+
+/// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` bits.
+pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
+    // panel[p][j] = (W[n0 + j][2p], W[n0 + j][2p + 1])
+    let fill = |n0: usize, width: usize, panel: &mut [u32]| {
+        for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = if j < width { pair(&w[(n0 + j) * k..(n0 + j + 1) * k], p) } else { 0 };
+            }
+        }
+    };
+    run(out, x, (tokens, k, n), &fill);
+}
+
+/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
+pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
+    // panel[p][j] = (W[2p][c0 + j], W[2p + 1][c0 + j])
+    let fill = |c0: usize, width: usize, panel: &mut [u32]| {
+        for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
+            let (lo, hi) = (2 * p, 2 * p + 1);
+            for (j, d) in dst.iter_mut().enumerate() {
+                let at = |o: usize| if o < rows && j < width { w[o * cols + c0 + j] as u32 } else { 0 };
+                *d = at(lo) | at(hi) << 16;
+            }
+        }
+    };
+    run(out, dy, (tokens, rows, cols), &fill);
+}
+
+/// Elements `2p` and `2p + 1` of `row` as one dword (low half first, as
+/// `VDPBF16PS` pairs them); past the end, zero.
+#[inline]
+fn pair(row: &[u16], p: usize) -> u32 {
+    let at = |i: usize| row.get(i).map_or(0, |&b| b as u32);
+    at(2 * p) | at(2 * p + 1) << 16
+}
+
+/// `out[m, n] = bf16(a[m, k]) B`, where `fill(n0, width, panel)` packs
+/// columns `n0 .. n0 + width` of B as `[pairs][NR]` dwords.
+fn run(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn Fn(usize, usize, &mut [u32]) + Sync)) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kp = k.div_ceil(2);
+    if kp == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let mut sliver_buf = SLIVERS.take();
+    let slivers = grown(&mut sliver_buf, m.div_ceil(MR) * kp * MR);
+    // sliver[s][p][r] = (bf16(a[s * MR + r][2p]), bf16(a[s * MR + r][2p + 1]))
+    slivers.par_chunks_mut(kp * MR).enumerate().for_each(|(s, dst)| {
+        for r in 0..MR {
+            let row = s * MR + r;
+            let src = if row < m { &a[row * k..(row + 1) * k] } else { &[][..] };
+            for p in 0..kp {
+                let at = |i: usize| src.get(i).map_or(0, |&v| round_bits(v) as u32);
+                dst[p * MR + r] = at(2 * p) | at(2 * p + 1) << 16;
+            }
+        }
+    });
+    let slivers = &*slivers;
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    (0..n.div_ceil(NR)).into_par_iter().for_each(|q| {
+        let out_ptr = out_ptr;
+        let (n0, width) = (q * NR, NR.min(n - q * NR));
+        let mut panel_buf = PANEL_BUF.take();
+        let panel = grown(&mut panel_buf, kp * NR);
+        fill(n0, width, panel);
+        for (s, sliver) in slivers.chunks_exact(kp * MR).enumerate() {
+            let rows = (m - s * MR).min(MR);
+            // SAFETY: `available()` was checked by the dispatcher; the tile
+            // writes rows s * MR .. + rows and columns n0 .. n0 + width of
+            // `out` ([m, n]), which only this panel writes.
+            unsafe { tile(sliver, panel, kp, out_ptr.0.add(s * MR * n + n0), n, (rows, width)) };
+        }
+        PANEL_BUF.set(panel_buf);
+    });
+    SLIVERS.set(sliver_buf);
+}
+
+/// One `MR x NR` tile: `out[r][j] = sum_p dot(sliver[p][r], panel[p][j])`
+/// for `r < rows`, `j < cols` (row stride `ld`), the pairs in order.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn tile(sliver: &[u32], panel: &[u32], kp: usize, out: *mut f32, ld: usize, (rows, cols): (usize, usize)) {
+    debug_assert!(sliver.len() >= kp * MR && panel.len() >= kp * NR);
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    let (s, w) = (sliver.as_ptr(), panel.as_ptr());
+    for p in 0..kp {
+        // SAFETY (all loads): within the lengths asserted above.
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(w.add(p * NR).cast()));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(w.add(p * NR + 16).cast()));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(*s.add(p * MR + r) as i32));
+            acc[0] = _mm512_dpbf16_ps(acc[0], a, b0);
+            acc[1] = _mm512_dpbf16_ps(acc[1], a, b1);
+        }
+    }
+    let lanes = |n: usize| if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as u16 };
+    let (m0, m1) = (lanes(cols.min(16)), lanes(cols.saturating_sub(16)));
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        // SAFETY: masked-off lanes are not touched; the caller owns the rest.
+        _mm512_mask_storeu_ps(out.add(r * ld), m0, acc[0]);
+        _mm512_mask_storeu_ps(out.add(r * ld + 16), m1, acc[1]);
+    }
+}
+
+thread_local! {
+    /// The packed activation of the current product (taken during a call).
+    static SLIVERS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// This thread's weight panel.
+    static PANEL_BUF: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The first `len` values of `buf`, grown if needed (every caller
+/// overwrites what it reads; scratch never shrinks, as the other kernels').
+fn grown(buf: &mut Vec<u32>, len: usize) -> &mut [u32] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    &mut buf[..len]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::widen;
+    use super::*;
+
+    fn values(n: usize, f: f32) -> Vec<f32> {
+        (0..n).map(|i| (i as f32 * f).sin() * 2.0).collect()
+    }
+
+    fn run_both(tokens: usize, out_f: usize, in_f: usize, w: &[u16], x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (mut y, mut dx) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * in_f]);
+        forward(&mut y, x, tokens, w, out_f, in_f);
+        input_grad(&mut dx, dy, tokens, w, out_f, in_f);
+        (y, dx)
+    }
+
+    /// Against f64 of the bf16-rounded operands, edges in every dimension
+    /// (odd reductions, partial tiles and panels); and bit for bit the same
+    /// on one thread as on several.
+    #[test]
+    fn matches_f64_of_rounded_operands_and_is_independent_of_threads() {
+        if !available() {
+            assert!(std::env::var_os("HEXLORA_REQUIRE_AVX512BF16").is_none(), "HEXLORA_REQUIRE_AVX512BF16 is set but this CPU lacks AVX512-BF16");
+            eprintln!("SKIPPED: no AVX512-BF16 on this CPU (the CI machine's class changes; the dispatcher never picks this kernel here)");
+            return;
+        }
+        let r = |v: f32| widen(round_bits(v)) as f64;
+        for (tokens, out_f, in_f) in [(1, 3, 5), (13, 40, 21), (37, 70, 96), (256, 33, 64), (9, 576, 1536)] {
+            let w: Vec<u16> = values(out_f * in_f, 0.37).into_iter().map(round_bits).collect();
+            let (x, dy) = (values(tokens * in_f, 0.71), values(tokens * out_f, 0.53));
+            let (y, dx) = run_both(tokens, out_f, in_f, &w, &x, &dy);
+            for t in 0..tokens {
+                for o in 0..out_f {
+                    let want: f64 = (0..in_f).map(|i| r(x[t * in_f + i]) * widen(w[o * in_f + i]) as f64).sum();
+                    let tol = 1e-6 * (in_f as f64).sqrt() * (1.0 + want.abs());
+                    assert!((y[t * out_f + o] as f64 - want).abs() < tol, "forward {tokens}x{in_f}->{out_f} [{t}][{o}]");
+                }
+                for i in 0..in_f {
+                    let want: f64 = (0..out_f).map(|o| r(dy[t * out_f + o]) * widen(w[o * in_f + i]) as f64).sum();
+                    let tol = 1e-6 * (out_f as f64).sqrt() * (1.0 + want.abs());
+                    assert!((dx[t * in_f + i] as f64 - want).abs() < tol, "input grad {tokens}x{in_f}->{out_f} [{t}][{i}]");
+                }
+            }
+            let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            let (y1, dx1) = one.install(|| run_both(tokens, out_f, in_f, &w, &x, &dy));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+            assert_eq!((bits(&y1), bits(&dx1)), (bits(&y), bits(&dx)), "{tokens}x{in_f}->{out_f}: thread count changed the bits");
+        }
+    }
+}
