@@ -17,6 +17,7 @@
 //! order, and one thread computes it: results do not depend on the thread
 //! count (tested). They differ from the f32-FMA kernels' in summation order
 //! only (pairs), so the tests compare against f64 of the rounded operands.
+use super::portable::grown;
 use super::round_bits;
 use crate::ops::SharedMut;
 use rayon::prelude::*;
@@ -143,15 +144,6 @@ thread_local! {
     static SLIVERS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
     /// This thread's weight panel.
     static PANEL_BUF: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// The first `len` values of `buf`, grown if needed (every caller
-/// overwrites what it reads; scratch never shrinks, as the other kernels').
-fn grown(buf: &mut Vec<u32>, len: usize) -> &mut [u32] {
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    &mut buf[..len]
 }
 
 #[cfg(test)]

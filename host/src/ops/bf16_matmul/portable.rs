@@ -208,9 +208,9 @@ thread_local! {
 /// every caller overwrites what it reads). Scratch lives per thread and
 /// never shrinks, as the AMX kernel's does: products of a dozen shapes
 /// alternate, and this saves a large allocation per call.
-fn grown(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+pub(super) fn grown<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
     if buf.len() < len {
-        buf.resize(len, 0.0);
+        buf.resize(len, T::default());
     }
     &mut buf[..len]
 }
