@@ -176,6 +176,11 @@ fn serve_adds_and_removes_adapters_refuses_bad_requests_queues_and_drains_on_sig
     error(st, &v, "exceeds the context");
     let (st, v) = post(&chat_url, &chat("sotu", &"word ".repeat(400), json!({})).to_string());
     error(st, &v, "the context holds 256");
+    assert_eq!(v["error"]["param"].as_str(), Some("messages"));
+    let long = json!({"model": "sotu", "prompt": "word ".repeat(400)});
+    let (st, v) = post(&format!("{}/v1/completions", s.url), &long.to_string());
+    error(st, &v, "the context holds 256");
+    assert_eq!(v["error"]["param"].as_str(), Some("prompt"));
     let (st, v) = post(&chat_url, &chat("sotu", prompt, json!({"temperature": -1})).to_string());
     error(st, &v, "temperature");
     let (st, v) = post(&format!("{adapters}/bad"), &json!({"path": "/nonexistent/adapter"}).to_string());

@@ -135,7 +135,7 @@ async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 /// Checks the sampling fields against the model and the context.
-fn request(s: &AppState, f: Sampling, prompt: Vec<u32>) -> Result<(Request, Option<Arc<PreparedAdapter>>), ApiError> {
+fn request(s: &AppState, endpoint: Endpoint, f: Sampling, prompt: Vec<u32>) -> Result<(Request, Option<Arc<PreparedAdapter>>), ApiError> {
     if f.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("n must be 1", "n"));
     }
@@ -157,7 +157,8 @@ fn request(s: &AppState, f: Sampling, prompt: Vec<u32>) -> Result<(Request, Opti
     let room = s.ctx_size.saturating_sub(prompt.len());
     if room == 0 {
         let msg = format!("the prompt has {} tokens; the context holds {} (--ctx-size)", prompt.len(), s.ctx_size);
-        return Err(ApiError::bad(msg, "messages").code("context_length_exceeded"));
+        let param = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
+        return Err(ApiError::bad(msg, param).code("context_length_exceeded"));
     }
     let max_tokens = match f.max_tokens.or(f.max_completion_tokens) {
         Some(0) => return Err(ApiError::bad("max_tokens must be at least 1", "max_tokens")),
@@ -179,7 +180,7 @@ fn request(s: &AppState, f: Sampling, prompt: Vec<u32>) -> Result<(Request, Opti
 
 async fn answer(s: &Arc<AppState>, endpoint: Endpoint, f: Sampling, prompt: Vec<u32>) -> Result<Response, ApiError> {
     let (model, stream) = (f.model.clone(), f.stream);
-    let (request, adapter) = request(s, f, prompt)?;
+    let (request, adapter) = request(s, endpoint, f, prompt)?;
     let (events, mut rx) = mpsc::unbounded_channel();
     s.queue.submit(Job { request, adapter, events }).map_err(|e| match e {
         Refused::Busy => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "the queue is full; retry later", "rate_limit_error").code("queue_full"),
