@@ -38,10 +38,10 @@ impl EvalModel {
     /// Opens a GGUF file or a Hugging Face directory (ChatML models only).
     pub fn open(path: &Path) -> Result<Self> {
         let ckpt = Checkpoint::open(path)?;
-        Self::build(ckpt.tensors(), ckpt.config.clone(), ckpt.tokenizer()?, ckpt.chat_template.as_deref())
+        Self::build(ckpt.tensors(), ckpt.config.clone(), ckpt.tokenizer()?, ckpt.template()?)
     }
 
-    fn build(src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, jinja: Option<&str>) -> Result<Self> {
+    fn build(src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, chat: ChatTemplate) -> Result<Self> {
         // Each frozen weight is dequantized once and shared by both models.
         let shared: RefCell<HashMap<String, Arc<dyn Projection>>> = RefCell::default();
         let get = |info: ProjectionInfo, raw: &RawTensor<'_>| -> Result<Arc<dyn Projection>> {
@@ -56,16 +56,10 @@ impl EvalModel {
         let slots = RefCell::new(AdapterSlots::default());
         let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(get(info, raw)?));
         let model = Model::load(cfg, src, &wrap)?;
-        let chat = match jinja {
-            Some(j) => ChatTemplate::from_jinja(j)?,
-            None => ChatTemplate::chatml(),
-        };
         let end_of_turn = tokenizer
             .token_to_id("<|im_end|>")
             .ok_or_else(|| Error::Unsupported("evaluation needs a ChatML model (no <|im_end|> token)".into()))?;
-        let mut stop = model.config.eos_token_ids.clone();
-        stop.extend(tokenizer.eos_id);
-        stop.push(end_of_turn);
+        let stop = tokenizer.stop_ids(&model.config.eos_token_ids);
         Ok(EvalModel { model, graph, tokenizer, chat, slots: slots.into_inner(), end_of_turn, stop })
     }
 

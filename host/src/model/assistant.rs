@@ -85,9 +85,7 @@ impl Assistant {
         let model = Model::load(ckpt.config.clone(), ckpt.tensors(), &wrap)?;
         let tokenizer = ckpt.tokenizer()?;
         let template = ckpt.template()?;
-        let mut stop_ids = model.config.eos_token_ids.clone();
-        stop_ids.extend(tokenizer.eos_id);
-        stop_ids.extend(tokenizer.token_to_id("<|im_end|>"));
+        let stop_ids = tokenizer.stop_ids(&model.config.eos_token_ids);
         Ok(Assistant { model, tokenizer, template, slots: slots.into_inner(), stop_ids })
     }
 

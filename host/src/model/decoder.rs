@@ -13,8 +13,7 @@
 use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::cpu_projection::CpuProjection;
 use crate::model::descriptor::{Descriptor, LayerDesc};
-use crate::model::gguf::Gguf;
-use crate::model::hf_dir::HfDir;
+use crate::model::checkpoint::Checkpoint;
 use crate::model::llama::{read_vector, Attention, KvCache, Mlp};
 use crate::model::qwen35::{GatedDeltaNet, GdnState, GdnWeights};
 use crate::model::source::{RawTensor, TensorSource};
@@ -97,19 +96,8 @@ pub fn cpu_projection(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Arc<d
 impl Model {
     /// Opens a GGUF file or a Hugging Face directory with CPU projections.
     pub fn open(path: &Path) -> Result<Self> {
-        if path.is_dir() {
-            let dir = HfDir::open(path)?;
-            let cfg = ModelConfig::from_hf_json(dir.config())?;
-            Self::load(cfg, &dir, &cpu_projection)
-        } else if path.extension().is_some_and(|e| e == "gguf") {
-            let g = Gguf::open(path)?;
-            let cfg = ModelConfig::from_gguf(&g)?;
-            Self::load(cfg, &g, &cpu_projection)
-        } else if path.exists() {
-            Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
-        } else {
-            Err(Error::io(path, std::io::Error::from(std::io::ErrorKind::NotFound)))
-        }
+        let ckpt = Checkpoint::open(path)?;
+        Self::load(ckpt.config.clone(), ckpt.tensors(), &cpu_projection)
     }
 
     /// Builds the model for `config` from `src`, after checking that every

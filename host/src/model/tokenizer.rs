@@ -161,6 +161,15 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Ids that end an answer: the model's `eos_token_ids`, the
+    /// tokenizer's end-of-sequence id and ChatML's `<|im_end|>`, where present.
+    pub fn stop_ids(&self, model_eos: &[u32]) -> Vec<u32> {
+        let mut ids = model_eos.to_vec();
+        ids.extend(self.eos_id);
+        ids.extend(self.token_to_id("<|im_end|>"));
+        ids
+    }
+
     /// Id of one token spelled exactly `token` (e.g. `<|im_end|>`).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

@@ -235,8 +235,11 @@ async fn add_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>, b
     }
     adapters::check_name(&name, &s.base_id).map_err(|e| ApiError::bad(e.to_string(), "name"))?;
     let add: Add = parse(&body)?;
+    let taken = || ApiError::new(StatusCode::CONFLICT, format!("adapter {name:?} exists (DELETE it first)"), "invalid_request_error");
+    // Checked before the load it would waste, and again on insertion (a
+    // concurrent request may have taken the name meanwhile).
     if s.registry.get(&name).is_some() {
-        return Err(ApiError::new(StatusCode::CONFLICT, format!("adapter {name:?} exists (DELETE it first)"), "invalid_request_error"));
+        return Err(taken());
     }
     let assistant = s.assistant.clone();
     let entry = tokio::task::spawn_blocking(move || adapters::load(&assistant, &add.path, add.scale.unwrap_or(1.0)))
@@ -245,7 +248,7 @@ async fn add_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>, b
         .map_err(|e| ApiError::bad(e.to_string(), "path"))?;
     let (path, rank) = (entry.path.clone(), entry.rank);
     if !s.registry.insert(&name, entry) {
-        return Err(ApiError::new(StatusCode::CONFLICT, format!("adapter {name:?} exists (DELETE it first)"), "invalid_request_error"));
+        return Err(taken());
     }
     let body = json!({"id": name, "object": "model", "parent": s.base_id, "adapter": {"path": path, "rank": rank}});
     Ok((StatusCode::CREATED, Json(body)).into_response())
