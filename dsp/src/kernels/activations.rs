@@ -6,7 +6,7 @@ use super::KernelError;
 use crate::dma::{push_copy, Copy2d};
 use crate::hvx;
 use hexlora_proto::f16::to_f16;
-use hexlora_proto::rescale::{retry_exponent, row_exponent, scale_pow2};
+use hexlora_proto::rescale::{first_exponent, retry_exponent, scale_pow2};
 
 /// Splits ascending `rows` into runs of consecutive indices: `(position in
 /// rows, first row, length)`.
@@ -37,7 +37,8 @@ pub(super) fn stage_group(op: &mut Op<'_>, group: &[u32], retry: u32) -> Result<
             stage_rows(op, rows)?;
             for (i, &token) in rows.iter().enumerate() {
                 let r = part * STAGE_ROWS + i;
-                let k = row_scale(&op.v.stage[i * op.plan.d..(i + 1) * op.plan.d], token, retry)?;
+                let row = &op.v.stage[i * op.plan.d..(i + 1) * op.plan.d];
+                let k = row_scale(row, op.w.max_abs(), token, retry)?;
                 convert_row(op, tb, r, Some(i), k);
             }
         }
@@ -93,17 +94,18 @@ fn convert_row(op: &mut Op<'_>, tb: usize, r: usize, staged: Option<usize>, k: i
     }
 }
 
-/// The exponent for one input row, or the error naming its first non-finite
-/// value.
-fn row_scale(row: &[f32], token: u32, retry: u32) -> Result<i32, KernelError> {
-    let mut max = 0.0f32;
+/// The exponent for one input row against weights bounded by `w_max`, or
+/// the error naming its first non-finite value.
+pub(super) fn row_scale(row: &[f32], w_max: f32, token: u32, retry: u32) -> Result<i32, KernelError> {
+    let (mut max, mut l1) = (0.0f32, 0.0f32);
     for (feature, &x) in row.iter().enumerate() {
         if !x.is_finite() {
             return Err(KernelError::NonFiniteInput { token, feature: feature as u32 });
         }
         max = max.max(x.abs());
+        l1 += x.abs();
     }
-    Ok(retry_exponent(row_exponent(max), retry))
+    Ok(retry_exponent(first_exponent(max, l1, w_max), retry))
 }
 
 /// Unscales output tile `(token block tb of the group, stripe s)` into a

@@ -79,6 +79,8 @@ pub enum KernelError {
     },
     /// Buffer lengths do not match the shape, or the shape is empty.
     Shape(&'static str),
+    /// The firmware heap could not hold a buffer of this many bytes.
+    OutOfMemory(usize),
     /// Resident weight bytes are not valid Q8_0 (or FP16 holds NaN/inf).
     BadWeights(&'static str),
 }
@@ -95,6 +97,9 @@ pub struct ResidentWeight<'a> {
     rows: usize,
     cols: usize,
     data: WeightData<'a>,
+    /// An upper bound on |w| over the effective FP16 weights: the input rows'
+    /// first scale is chosen from it ([`hexlora_proto::rescale`]).
+    max_abs: f32,
 }
 
 /// The bytes of a resident weight.
@@ -112,10 +117,14 @@ impl<'a> ResidentWeight<'a> {
         if rows.checked_mul(cols) != Some(data.len()) || data.is_empty() {
             return Err(KernelError::Shape("FP16 weight length is not rows * cols"));
         }
-        if data.iter().any(|w| !w.is_finite()) {
-            return Err(KernelError::BadWeights("FP16 weight holds NaN or infinity"));
+        let mut max_abs = 0.0f32;
+        for w in data {
+            if !w.is_finite() {
+                return Err(KernelError::BadWeights("FP16 weight holds NaN or infinity"));
+            }
+            max_abs = max_abs.max(w.to_f32().abs());
         }
-        Ok(ResidentWeight { rows, cols, data: WeightData::Fp16(data) })
+        Ok(ResidentWeight { rows, cols, data: WeightData::Fp16(data), max_abs })
     }
 
     /// Q8_0 weight `(rows, cols)`; rejects a wrong length, `cols` not a
@@ -128,7 +137,32 @@ impl<'a> ResidentWeight<'a> {
             return Err(KernelError::Shape("Q8_0 weight length is not rows * cols / 32 * 34"));
         }
         q8_0::check_scales(data).map_err(|_| KernelError::BadWeights("Q8_0 block scale is NaN or infinite"))?;
-        Ok(ResidentWeight { rows, cols, data: WeightData::Q8_0(data) })
+        // |d * q| <= |d| * 128 for every block: no need to read the quants.
+        let max_scale = data.chunks_exact(BLOCK_BYTES).fold(0.0f32, |m, b| m.max(f16::from_le_bytes([b[0], b[1]]).to_f32().abs()));
+        Ok(ResidentWeight { rows, cols, data: WeightData::Q8_0(data), max_abs: max_scale * 128.0 })
+    }
+
+    /// A weight that [`ResidentWeight::fp16`] or [`ResidentWeight::q8_0`]
+    /// checked earlier (and found `max_abs`), viewed again without reading
+    /// it: only its length is checked against the shape.
+    ///
+    /// The bytes may have been changed by the host since (resident weights
+    /// live in its shared memory); that can make results wrong (overflowing
+    /// rows are retried, then reported), never unsafe.
+    pub fn checked_earlier(data: WeightData<'a>, rows: usize, cols: usize, max_abs: f32) -> Result<ResidentWeight<'a>, KernelError> {
+        let len_ok = match data {
+            WeightData::Fp16(w) => rows.checked_mul(cols) == Some(w.len()),
+            WeightData::Q8_0(w) => cols % 32 == 0 && rows.checked_mul(plan::q8_row_bytes(cols)) == Some(w.len()),
+        };
+        if !len_ok || rows == 0 || cols == 0 {
+            return Err(KernelError::Shape("weight length is not what its shape implies"));
+        }
+        Ok(ResidentWeight { rows, cols, data, max_abs })
+    }
+
+    /// An upper bound on |w| over the effective FP16 weights.
+    pub fn max_abs(&self) -> f32 {
+        self.max_abs
     }
 
     /// Rows (output features).
@@ -208,7 +242,9 @@ pub fn project(
     let plan = Plan::new(w.precision(), direction, w.rows, w.cols, tokens, eng.vtcm.capacity())?;
     let tiles_before = eng.tiles.tiles();
     let mut op = pass::Op::new(plan, *w, input, output, eng)?;
-    let mut rows: Vec<u32> = (0..tokens as u32).collect();
+    let mut rows: Vec<u32> = Vec::new();
+    rows.try_reserve_exact(tokens).map_err(|_| KernelError::OutOfMemory(tokens * 4))?;
+    rows.extend(0..tokens as u32);
     let mut retry = 0;
     loop {
         let flagged = op.run(&rows, retry)?;

@@ -114,7 +114,11 @@ impl<'a> Op<'a> {
             }
         }
         self.dma.wait_all();
-        Ok(rows.iter().zip(self.v.flags.iter()).filter(|(_, &f)| f != 0).map(|(&r, _)| r).collect())
+        let flagged = self.v.flags.iter().take(rows.len()).filter(|&&f| f != 0).count();
+        let mut out = Vec::new();
+        out.try_reserve_exact(flagged).map_err(|_| KernelError::OutOfMemory(flagged * 4))?;
+        out.extend(rows.iter().zip(self.v.flags.iter()).filter(|(_, &f)| f != 0).map(|(&r, _)| r));
+        Ok(out)
     }
 
     /// Stripes of window `win`: `(first stripe, count)`.

@@ -3,9 +3,9 @@
 //! [`testbed::reference`]; shapes are kept small because qemu is slow.
 use super::testbed::{digest, first_violation, fp16_weight, q8_weight, reference, Bench, Rng};
 use super::plan::VTCM_BUFFERS;
-use super::{Direction, KernelError, Plan, ResidentWeight};
+use super::{Direction, KernelError, Plan, ResidentWeight, WeightData};
 use crate::vtcm::VTCM_ALIGN;
-use crate::selftest::TestResult;
+use crate::selftest::{TestFailure, TestResult};
 use crate::{check, check_eq};
 use alloc::vec;
 use alloc::vec::Vec;
@@ -167,12 +167,37 @@ fn edge_rows_zero_subnormal_and_near_fp16_max() -> TestResult {
     Ok(())
 }
 
+/// The first scale comes from the bound |x|_1 max|W|: a row whose max-based
+/// scale would overflow (64 ones at 2048 against ones sum to 131072 >= 60000)
+/// is scaled lower at once, so nothing is re-sent, and the result is exact.
+fn bounded_first_scale_needs_no_retry() -> TestResult {
+    let (rows, cols) = (2, 64);
+    let w16 = vec![f16::ONE; rows * cols];
+    let w = ResidentWeight::fp16(&w16, rows, cols).map_err(fail)?;
+    let mut x = vec![1.0f32; 2 * cols];
+    x[cols + 1..].fill(0.0);
+    let (got, stats) = Bench::new(TEST_VTCM).run(&w, Direction::Forward, 2, &x).map_err(fail)?;
+    check_eq!(stats.rows_retried, 0);
+    check_eq!(stats.weight_passes, 1);
+    check_eq!(got, vec![64.0, 64.0, 1.0, 1.0]);
+    Ok(())
+}
+
+/// `w16` viewed as resident, but with the maximum of `checked`: how the
+/// service sees weights the host enlarged after they were loaded, the only
+/// way past the first-scale bound. The retries are the safety net for it.
+fn enlarged_after_load<'a>(checked: &[f16], w16: &'a [f16], rows: usize, cols: usize) -> Result<ResidentWeight<'a>, TestFailure> {
+    let small = ResidentWeight::fp16(checked, rows, cols).map_err(fail)?;
+    ResidentWeight::checked_earlier(WeightData::Fp16(w16), rows, cols, small.max_abs()).map_err(fail)
+}
+
 /// A row whose partial sums reach 60000 at the first scale is re-sent once
 /// at 2^-8 and comes out right; the other rows are untouched.
 fn overflowing_row_is_retried_and_exact() -> TestResult {
     let (rows, cols) = (2, 64);
     let w16 = vec![f16::ONE; rows * cols];
-    let w = ResidentWeight::fp16(&w16, rows, cols).map_err(fail)?;
+    let tiny = vec![f16::from_f32(1.0 / 1024.0); rows * cols];
+    let w = enlarged_after_load(&tiny, &w16, rows, cols)?;
     // Row 0: all ones -> scaled to 2048 each, sum 131072 >= 60000: retry.
     // Row 1: one 1.0 -> sum 2048: fine.
     let mut x = vec![1.0f32; 2 * cols];
@@ -191,7 +216,8 @@ fn retries_are_bounded_at_three() -> TestResult {
     // the sum over 7520 inputs is 7520 * 2^-13 * 65504 > 60000.
     let cols = 7520;
     let w16 = vec![f16::from_f32(65504.0); cols];
-    let w = ResidentWeight::fp16(&w16, 1, cols).map_err(fail)?;
+    let tiny = vec![f16::from_f32(1.0 / 16384.0); cols];
+    let w = enlarged_after_load(&tiny, &w16, 1, cols)?;
     let mut x = vec![1.0f32; 2 * cols];
     x[cols + 1..].fill(0.0);
     let (got, stats) = Bench::new(2 * TEST_VTCM).run(&w, Direction::Forward, 2, &x).map_err(fail)?;
@@ -282,6 +308,7 @@ crate::selftests!(
     unsupported_shapes_are_refused,
     non_finite_input_is_an_error,
     edge_rows_zero_subnormal_and_near_fp16_max,
+    bounded_first_scale_needs_no_retry,
     overflowing_row_is_retried_and_exact,
     retries_are_bounded_at_three,
     kernel_outputs_match_committed_digest,

@@ -124,8 +124,8 @@ pub fn reference(w: &ResidentWeight<'_>, dir: Direction, tokens: usize, input: &
     let mut bound = vec![0.0; tokens * o];
     for t in 0..tokens {
         let x = &input[t * d..(t + 1) * d];
-        let max = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let k = hexlora_proto::rescale::row_exponent(max);
+        // The kernel's first scale (the bound only needs its exponent).
+        let k = super::activations::row_scale(x, w.max_abs(), t as u32, 0).unwrap_or(0);
         // One f16 ulp at the bottom of the subnormal range, unscaled.
         let floor = pow2(-25 - k);
         for j in 0..o {

@@ -12,9 +12,7 @@ use talc::DefaultBinning;
 /// A lock-protected talc heap that claims one memory region on first use.
 pub type Heap = TalcLock<RawSpinlock, Claim, DefaultBinning>;
 
-/// Bytes of the global heap arena on Hexagon. Large buffers (weights,
-/// activations) live in shared buffers or VTCM, not here.
-pub const HEAP_BYTES: usize = 8 << 20;
+pub use super::limits::HEAP_BYTES;
 
 /// A heap over `arena`.
 ///

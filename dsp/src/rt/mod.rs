@@ -4,6 +4,7 @@
 //! Everything here except the Hexagon-only files is plain Rust that also
 //! runs, and is tested, natively.
 pub mod heap;
+pub mod limits;
 pub mod log_ring;
 
 #[cfg(target_arch = "hexagon")]

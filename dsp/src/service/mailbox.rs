@@ -31,7 +31,7 @@
 //! The messages are the protocol's postcard bytes, served through the same
 //! [`Service`] the FastRPC skel serves, over [`SharedBuffers`] built from
 //! the buffer table: nothing here knows what a projection is.
-use crate::skel::{RemoteBuf, Service, SharedBuffers};
+use crate::skel::{Mapping, RemoteBuf, Service, SharedBuffers};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU32, Ordering};
 use hexlora_proto::protocol::{decode, encode, Request, Response, ServiceError, MAX_MESSAGE_BYTES};
@@ -177,12 +177,14 @@ impl Header {
         (off.load(Ordering::Relaxed) as usize, len.load(Ordering::Relaxed) as usize)
     }
 
-    /// Service: checks the buffer table against a region of `len` bytes.
-    fn check_layout(&self, len: usize) -> bool {
+    /// Service: reads the buffer table once and checks it against a region
+    /// of `len` bytes (every buffer inside, the output apart from both
+    /// inputs). The host cannot change it afterwards: only this copy is used.
+    fn checked_table(&self, len: usize) -> Option<[(usize, usize); BUFFERS]> {
         let inside = |(off, n): (usize, usize)| off >= HEADER_BYTES && off.checked_add(n).is_some_and(|end| end <= len);
         let disjoint = |a: (usize, usize), b: (usize, usize)| a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0;
         let bufs = [self.buffer(0), self.buffer(1), self.buffer(2)];
-        bufs.iter().all(|&b| inside(b)) && disjoint(bufs[2], bufs[0]) && disjoint(bufs[2], bufs[1])
+        (bufs.iter().all(|&b| inside(b)) && disjoint(bufs[2], bufs[0]) && disjoint(bufs[2], bufs[1])).then_some(bufs)
     }
 }
 
@@ -200,12 +202,25 @@ pub unsafe fn serve<S: Service>(base: *mut u8, len: usize, idle: &mut dyn FnMut(
         return Exit::BadHeader;
     }
     let header = Header::at(base);
-    if header.magic.load(Ordering::Acquire) != MAGIC || !header.check_layout(len) {
-        header.state.store(state::FAILED, Ordering::Release);
-        return Exit::BadHeader;
-    }
+    let table = match header.checked_table(len) {
+        Some(table) if header.magic.load(Ordering::Acquire) == MAGIC => table,
+        _ => {
+            header.state.store(state::FAILED, Ordering::Release);
+            return Exit::BadHeader;
+        }
+    };
+    let remote = |i: usize| {
+        let (off, n) = table[i];
+        RemoteBuf { pv: base.add(off).cast(), len: n }
+    };
     let generation = header.generation.load(Ordering::Relaxed);
-    let mut service = match S::open(b"mailbox") {
+    // The weights buffer is the session's mapping: it stays mapped (the
+    // region is) for the whole call.
+    let opened = S::open(b"mailbox").and_then(|mut s| match Mapping::new(remote(0)) {
+        Some(m) => s.map(m).map(|()| s),
+        None => Err(crate::skel::abi::AEE_EBADPARM),
+    });
+    let mut service = match opened {
         Ok(s) => s,
         Err(code) => {
             header.state.store(state::FAILED, Ordering::Release);
@@ -217,7 +232,7 @@ pub unsafe fn serve<S: Service>(base: *mut u8, len: usize, idle: &mut dyn FnMut(
         if let Some(exit) = wait_for_request(header, generation, idle) {
             return exit;
         }
-        let response = serve_one(&mut service, header, base);
+        let response = serve_one(&mut service, header, [remote(1), remote(2)]);
         if header.generation.load(Ordering::Acquire) != generation {
             return Exit::Superseded;
         }
@@ -251,8 +266,9 @@ fn wait_for_request(header: &Header, generation: u32, idle: &mut dyn FnMut(u32) 
     }
 }
 
-/// Decodes the request slot and serves it over the table's buffers.
-unsafe fn serve_one<S: Service>(service: &mut S, header: &Header, base: *mut u8) -> Response {
+/// Decodes the request slot and serves it over the call's buffers
+/// (`[input, output]` from the checked table).
+unsafe fn serve_one<S: Service>(service: &mut S, header: &Header, call: [RemoteBuf; 2]) -> Response {
     let len = (header.request_len.load(Ordering::Relaxed) as usize).min(SLOT_BYTES);
     let mut bytes = [0u8; SLOT_BYTES];
     bytes[..len].copy_from_slice(&(&*header.request.get())[..len]);
@@ -260,13 +276,9 @@ unsafe fn serve_one<S: Service>(service: &mut S, header: &Header, base: *mut u8)
         Ok(r) => r,
         Err(e) => return Response::Error { seq: None, error: ServiceError::Malformed(e) },
     };
-    let remote = |i: usize| {
-        let (off, n) = header.buffer(i);
-        RemoteBuf { pv: base.add(off).cast(), len: n }
-    };
-    // check_layout() put every buffer inside the region and the output
+    // checked_table() put every buffer inside the region and the output
     // apart from both inputs, as SharedBuffers::new requires.
-    match SharedBuffers::new(&[remote(0), remote(1)], &[remote(2)]) {
+    match SharedBuffers::new(&call[..1], &call[1..], service.mapping()) {
         Some(mut shared) => service.handle(&request, &mut shared),
         None => Response::Error { seq: None, error: ServiceError::InvalidParams },
     }

@@ -7,13 +7,18 @@
 //! | request | checks | answer |
 //! |---|---|---|
 //! | `Capabilities` | | [`Capabilities`] of this build |
-//! | `LoadWeights` | reference in bounds, exact length, table slot, FP16 finite / Q8_0 scales finite | `Done(id)` |
+//! | `LoadWeights` | mapping registered, reference in it, exact length, table slot, FP16 finite / Q8_0 scales finite | `Done(id)` |
 //! | `Unload` | id resident | `Done(id)` |
 //! | `Project` | id resident, references in bounds/aligned/exact/disjoint, input finite, VTCM fits | `Op(OpResult)` |
 //!
-//! Resident weights are copied out of the shared buffer into firmware memory
-//! at load time (on a device they would stay in the mapped rpcmem buffer);
-//! the table is a `heapless::Vec` of at most [`MAX_PROJECTIONS`].
+//! Resident weights stay where they lie in the session's weights mapping
+//! ([`Mapping`], protocol buffer 1, registered once per session): `load`
+//! checks them once (finite FP16, finite Q8_0 scales, their maximum for the
+//! first-scale bound) and keeps only their place; ops read them from there.
+//! Nothing host-sized is copied into the firmware heap, and the heap
+//! allocations an op does make (row lists) are fallible: a failure is
+//! [`ServiceError::OutOfMemory`], never an abort. The table is a
+//! `heapless::Vec` of at most [`MAX_PROJECTIONS`].
 //!
 //! Error mapping: NaN/inf input, an empty shape or a mismatched length is
 //! `InvalidParams`; shapes the kernels do not take (dimension above
@@ -23,48 +28,52 @@
 //! `Status::RowsFailed` with NaN in their output rows.
 use crate::dma::software::SoftwareDma;
 use crate::kernels::{self, Engines, KernelError, ResidentWeight, RunStats};
-use crate::skel::SharedBuffers;
+use crate::kernels::WeightData;
+use crate::rt::limits;
+use crate::skel::{Mapping, SharedBuffers};
 use crate::tile::software::SoftwareTiles;
-use crate::vtcm::{VtcmRegion, DEFAULT_VTCM_BYTES};
-use alloc::vec::Vec;
+use crate::vtcm::VtcmRegion;
 use half::f16;
 use hexlora_proto::protocol::{
-    BufferError, Capabilities, LoadWeights, OpResult, Precision, ProjectionId, ProjectionOp, Request, Response,
-    ServiceError, Status, Timing, WeightShape, PROTOCOL_VERSION,
+    BufferError, BufferRef, Capabilities, LoadWeights, OpResult, Precision, ProjectionId, ProjectionOp, Request, Response,
+    ServiceError, Status, Timing, WeightShape, PROTOCOL_VERSION, WEIGHTS_BUFFER,
 };
 
 /// Resident projections at most.
 pub const MAX_PROJECTIONS: usize = 512;
 
-/// VTCM a session reserves: the generation's 8 MiB, except in the simulator
-/// build, whose whole firmware heap is 8 MiB (the VTCM stand-in comes from
-/// the heap, see [`crate::vtcm`]).
-pub const SESSION_VTCM_BYTES: usize = if cfg!(feature = "sim") { 2 << 20 } else { DEFAULT_VTCM_BYTES };
-
 /// Largest `tokens` one op may carry (the kernels chunk internally; this
 /// bounds the host's buffers, not VTCM).
 pub const MAX_TOKENS: u32 = 1 << 16;
 
-/// A weight the service keeps.
+/// A weight the service keeps: where it lies in the mapping, and what the
+/// load-time check found.
 struct Resident {
     id: ProjectionId,
     shape: WeightShape,
-    data: ResidentData,
+    precision: Precision,
+    /// Byte range in the mapping.
+    offset: usize,
+    len: usize,
+    /// Upper bound on |w|, from the load-time check.
+    max_abs: f32,
 }
 
-enum ResidentData {
-    Fp16(Vec<f16>),
-    Q8_0(Vec<u8>),
-}
-
-impl Resident {
-    fn weight(&self) -> Result<ResidentWeight<'_>, KernelError> {
-        let (rows, cols) = (self.shape.rows as usize, self.shape.cols as usize);
-        match &self.data {
-            ResidentData::Fp16(w) => ResidentWeight::fp16(w, rows, cols),
-            ResidentData::Q8_0(w) => ResidentWeight::q8_0(w, rows, cols),
-        }
+/// Views `bytes` as weight `r`'s storage, checking everything
+/// ([`ResidentWeight::fp16`] / [`ResidentWeight::q8_0`]).
+fn check_weight<'a>(precision: Precision, shape: WeightShape, bytes: &'a [u8]) -> Result<ResidentWeight<'a>, KernelError> {
+    let (rows, cols) = (shape.rows as usize, shape.cols as usize);
+    match precision {
+        Precision::Fp16 => ResidentWeight::fp16(fp16_view(bytes)?, rows, cols),
+        Precision::Q8_0 => ResidentWeight::q8_0(bytes, rows, cols),
     }
+}
+
+/// FP16 weights in place: the mapping is page-aligned and references are
+/// 2-byte aligned (validated), so the cast fails only on a host that broke
+/// that, which is an error rather than a copy.
+fn fp16_view(bytes: &[u8]) -> Result<&[f16], KernelError> {
+    bytemuck::try_cast_slice(bytes).map_err(|_| KernelError::Shape("FP16 weights are not 2-byte aligned in the mapping"))
 }
 
 /// The service state of one session.
@@ -76,6 +85,7 @@ impl Resident {
 /// uniquely owned memory. The skel keeps sessions in a static shared by the
 /// FastRPC threads, which needs exactly this.
 pub struct ProjectionService {
+    mapping: Option<Mapping>,
     resident: heapless::Vec<Resident, MAX_PROJECTIONS>,
     vtcm: VtcmRegion,
     tiles: SoftwareTiles,
@@ -83,15 +93,18 @@ pub struct ProjectionService {
 }
 
 impl ProjectionService {
-    /// A service with `vtcm_bytes` of VTCM; `None` if that memory cannot be
-    /// reserved.
-    pub fn new(vtcm_bytes: usize) -> Option<ProjectionService> {
-        Some(ProjectionService {
-            resident: heapless::Vec::new(),
-            vtcm: VtcmRegion::new(vtcm_bytes)?,
-            tiles: SoftwareTiles::new(),
-            arch: build_arch(),
-        })
+    /// A service over `vtcm` (see [`VtcmRegion::for_session`]).
+    pub fn new(vtcm: VtcmRegion) -> ProjectionService {
+        ProjectionService { mapping: None, resident: heapless::Vec::new(), vtcm, tiles: SoftwareTiles::new(), arch: build_arch() }
+    }
+
+    /// Takes the session's weights mapping; a session maps once.
+    pub fn map_weights(&mut self, mapping: Mapping) -> Result<(), ServiceError> {
+        if self.mapping.is_some() {
+            return Err(ServiceError::InvalidParams);
+        }
+        self.mapping = Some(mapping);
+        Ok(())
     }
 
     /// Serves one decoded request against this call's shared buffers.
@@ -126,22 +139,22 @@ impl ProjectionService {
         }
     }
 
-    fn load(&mut self, lw: &LoadWeights, buffers: &mut SharedBuffers<'_>) -> Result<ProjectionId, ServiceError> {
+    fn load(&mut self, lw: &LoadWeights, _buffers: &mut SharedBuffers<'_>) -> Result<ProjectionId, ServiceError> {
         if self.resident.iter().any(|r| r.id == lw.projection) || self.resident.is_full() {
             return Err(ServiceError::ProjectionSlot(lw.projection));
         }
-        lw.validate(buffers.registered())?;
-        let bytes = buffers.read(&lw.weights)?;
-        let data = match lw.precision {
-            Precision::Fp16 => {
-                let mut w = alloc::vec![f16::ZERO; bytes.len() / 2];
-                hexlora_proto::f16::decode_le(bytes, &mut w).ok_or(ServiceError::InvalidParams)?;
-                ResidentData::Fp16(w)
-            }
-            Precision::Q8_0 => ResidentData::Q8_0(bytes.to_vec()),
+        let mapping = self.mapping.as_ref().ok_or(BufferError::Unregistered { buffer: lw.weights.buffer })?;
+        let range = lw.validate(&[mapping.registered()])?;
+        let bytes = mapping.read(&lw.weights)?;
+        let checked = check_weight(lw.precision, lw.shape, bytes).map_err(kernel_error)?;
+        let resident = Resident {
+            id: lw.projection,
+            shape: lw.shape,
+            precision: lw.precision,
+            offset: range.start,
+            len: range.len(),
+            max_abs: checked.max_abs(),
         };
-        let resident = Resident { id: lw.projection, shape: lw.shape, data };
-        resident.weight().map_err(kernel_error)?;
         // Checked not full above.
         let _ = self.resident.push(resident);
         Ok(lw.projection)
@@ -168,13 +181,27 @@ impl ProjectionService {
             bytemuck::try_cast_slice(input).map_err(|_| BufferError::Misaligned { buffer: op.input.buffer, offset: op.input.offset })?;
         let output: &mut [f32] = bytemuck::try_cast_slice_mut(output)
             .map_err(|_| BufferError::Misaligned { buffer: op.output.buffer, offset: op.output.offset })?;
-        let w = resident.weight().map_err(kernel_error)?;
+        // Resident weights exist only once a mapping does.
+        let mapping = self.mapping.ok_or(ServiceError::UnknownProjection(op.projection))?;
+        let w = resident_weight(&mapping, resident)?;
         let start = cycles();
         let mut dma = SoftwareDma::new();
         let mut eng = Engines { dma: &mut dma, tiles: &mut self.tiles, vtcm: &mut self.vtcm };
         let stats = kernels::project(&mut eng, &w, op.direction, op.tokens as usize, input, output).map_err(kernel_error)?;
         Ok(op_result(op.seq, &stats, cycles().wrapping_sub(start)))
     }
+}
+
+/// The view of a resident weight in the mapping, without re-reading it.
+fn resident_weight<'a>(mapping: &'a Mapping, r: &Resident) -> Result<ResidentWeight<'a>, ServiceError> {
+        let weights = BufferRef { buffer: WEIGHTS_BUFFER, offset: r.offset as u64, len: r.len as u64 };
+        let bytes = mapping.read(&weights)?;
+        let data = match r.precision {
+            Precision::Fp16 => WeightData::Fp16(fp16_view(bytes).map_err(kernel_error)?),
+            Precision::Q8_0 => WeightData::Q8_0(bytes),
+        };
+        let (rows, cols) = (r.shape.rows as usize, r.shape.cols as usize);
+        ResidentWeight::checked_earlier(data, rows, cols, r.max_abs).map_err(kernel_error)
 }
 
 /// The Hexagon user cycle counter (`UPCYCLE`); 0 on other targets. Note
@@ -216,12 +243,22 @@ pub fn kernel_error(e: KernelError) -> ServiceError {
         KernelError::NonFiniteInput { .. } | KernelError::Shape(_) | KernelError::BadWeights(_) => {
             ServiceError::InvalidParams
         }
+        KernelError::OutOfMemory(bytes) => ServiceError::OutOfMemory { bytes: u32::try_from(bytes).unwrap_or(u32::MAX) },
     }
 }
 
 impl crate::skel::Service for ProjectionService {
     fn open(_uri: &[u8]) -> Result<Self, i32> {
-        ProjectionService::new(SESSION_VTCM_BYTES).ok_or(crate::skel::abi::AEE_ENOMEMORY)
+        let vtcm = VtcmRegion::for_session(limits::SESSION_VTCM_BYTES).ok_or(crate::skel::abi::AEE_ENOMEMORY)?;
+        Ok(ProjectionService::new(vtcm))
+    }
+
+    fn map(&mut self, weights: Mapping) -> Result<(), i32> {
+        self.map_weights(weights).map_err(|_| crate::skel::abi::AEE_EBADPARM)
+    }
+
+    fn mapping(&self) -> Option<&Mapping> {
+        self.mapping.as_ref()
     }
 
     fn handle(&mut self, request: &Request, buffers: &mut SharedBuffers<'_>) -> Response {

@@ -1,17 +1,18 @@
 //! Service self-tests: requests through [`ProjectionService::serve`] with
-//! shared buffers laid out as the skel passes them (in-bufs get ids 1.., then
-//! out-bufs).
+//! buffers laid out as the skel passes them: the session's weights mapping
+//! (id 1), the call's input (id 2, read-only) and output (id 3, writable).
 use super::{ProjectionService, MAX_PROJECTIONS};
 use crate::kernels::testbed::{first_violation, fp16_weight, q8_weight, reference, Rng};
 use crate::kernels::{Direction as KDir, ResidentWeight};
 use crate::selftest::TestResult;
-use crate::skel::{RemoteBuf, SharedBuffers};
+use crate::skel::{Mapping, RemoteBuf, SharedBuffers};
+use crate::vtcm::VtcmRegion;
 use crate::{check, check_eq};
 use alloc::vec;
 use alloc::vec::Vec;
 use hexlora_proto::protocol::{
     BufferError, BufferRef, Direction, LoadWeights, Precision, ProjectionOp, Request, Response, ServiceError, Status,
-    WeightShape, PROTOCOL_VERSION,
+    WeightShape, INPUT_BUFFER, OUTPUT_BUFFER, PROTOCOL_VERSION, WEIGHTS_BUFFER,
 };
 
 const VTCM: usize = 1 << 20;
@@ -20,41 +21,51 @@ fn remote(bytes: &mut [u8]) -> RemoteBuf {
     RemoteBuf { pv: bytes.as_mut_ptr().cast(), len: bytes.len() }
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Buffer 1 (read-only): weights at 0, input at `w_len` rounded to 4.
-/// Buffer 2 (writable): output.
+/// A session's weights mapping and one call's input and output (u32
+/// storage keeps them 4-byte aligned, as rpcmem buffers are).
 struct Call {
+    weights: Vec<u32>,
     inbuf: Vec<u32>,
     outbuf: Vec<u32>,
     w_len: usize,
-    in_off: usize,
     in_len: usize,
 }
 
 impl Call {
     fn new(weights: &[u8], input: &[f32], out_floats: usize) -> Call {
-        let in_off = weights.len().div_ceil(4) * 4;
-        let mut bytes = vec![0u8; in_off + input.len() * 4];
-        bytes[..weights.len()].copy_from_slice(weights);
-        bytes[in_off..].copy_from_slice(&f32_bytes(input));
-        // u32 storage keeps the buffer 4-byte aligned, as rpcmem buffers are.
-        let inbuf = bytes.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
-        Call { inbuf, outbuf: vec![0; out_floats], w_len: weights.len(), in_off, in_len: input.len() * 4 }
+        let mut w = vec![0u8; weights.len().div_ceil(4) * 4 + 4];
+        w[..weights.len()].copy_from_slice(weights);
+        let weights_u32 = w.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let inbuf = input.iter().map(|x| x.to_bits()).collect();
+        Call { weights: weights_u32, inbuf, outbuf: vec![0; out_floats], w_len: weights.len(), in_len: input.len() * 4 }
+    }
+
+    /// A session over `vtcm_bytes` of VTCM with this call's weights mapped.
+    fn session(&mut self, vtcm_bytes: usize) -> Result<ProjectionService, crate::selftest::TestFailure> {
+        let vtcm = VtcmRegion::new(vtcm_bytes);
+        check!(vtcm.is_some());
+        let mut svc = ProjectionService::new(vtcm.unwrap());
+        // SAFETY: the weights outlive every use of `svc` in these tests.
+        let mapping = unsafe { Mapping::new(remote(bytemuck::cast_slice_mut(&mut self.weights))) };
+        check!(mapping.is_some() && svc.map_weights(mapping.unwrap()).is_ok());
+        Ok(svc)
+    }
+
+    fn set_input(&mut self, input: &[f32]) {
+        self.inbuf = input.iter().map(|x| x.to_bits()).collect();
+        self.in_len = input.len() * 4;
     }
 
     fn serve(&mut self, svc: &mut ProjectionService, req: &Request) -> Response {
         let i = remote(bytemuck::cast_slice_mut(&mut self.inbuf));
         let o = remote(bytemuck::cast_slice_mut(&mut self.outbuf));
         // SAFETY: both buffers outlive the call and nothing else touches them.
-        let mut bufs = unsafe { SharedBuffers::new(&[i], &[o]) }.unwrap();
+        let mut bufs = unsafe { SharedBuffers::new(&[i], &[o], None) }.unwrap();
         svc.serve(req, &mut bufs)
     }
 
     fn weights(&self) -> BufferRef {
-        BufferRef { buffer: 1, offset: 0, len: self.w_len as u64 }
+        BufferRef { buffer: WEIGHTS_BUFFER, offset: 0, len: self.w_len as u64 }
     }
 
     fn op(&self, projection: u32, direction: Direction, tokens: u32) -> ProjectionOp {
@@ -63,8 +74,8 @@ impl Call {
             projection,
             direction,
             tokens,
-            input: BufferRef { buffer: 1, offset: self.in_off as u64, len: self.in_len as u64 },
-            output: BufferRef { buffer: 2, offset: 0, len: self.outbuf.len() as u64 * 4 },
+            input: BufferRef { buffer: INPUT_BUFFER, offset: 0, len: self.in_len as u64 },
+            output: BufferRef { buffer: OUTPUT_BUFFER, offset: 0, len: self.outbuf.len() as u64 * 4 },
         }
     }
 
@@ -75,12 +86,6 @@ impl Call {
 
 fn load(precision: Precision, rows: u32, cols: u32, weights: BufferRef) -> Request {
     Request::LoadWeights(LoadWeights { projection: 5, precision, shape: WeightShape { rows, cols }, weights })
-}
-
-fn service() -> Result<ProjectionService, crate::selftest::TestFailure> {
-    let svc = ProjectionService::new(VTCM);
-    check!(svc.is_some());
-    Ok(svc.unwrap())
 }
 
 /// Load, forward and input-gradient through the service; outputs checked
@@ -98,9 +103,9 @@ fn load_and_project_both_directions() -> TestResult {
         check!(w.is_ok());
         let w = w.unwrap();
         for (dir, kdir, d, o) in [(Direction::Forward, KDir::Forward, cols, rows), (Direction::InputGrad, KDir::InputGrad, rows, cols)] {
-            let mut svc = service()?;
             let x = Rng(42).vec(tokens * d, 2.0);
             let mut call = Call::new(bytes, &x, tokens * o);
+            let mut svc = call.session(VTCM)?;
             check_eq!(call.serve(&mut svc, &load(precision, rows as u32, cols as u32, call.weights())), Response::Done(5));
             let r = call.serve(&mut svc, &Request::Project(call.op(5, dir, tokens as u32)));
             check!(matches!(r, Response::Op(res) if res.seq == 77 && res.status == Status::Ok && res.rows_retried == 0), "{r:?}");
@@ -113,8 +118,8 @@ fn load_and_project_both_directions() -> TestResult {
 }
 
 fn capabilities_describe_this_build() -> TestResult {
-    let mut svc = service()?;
-    let mut call = Call::new(&[], &[], 0);
+    let mut call = Call::new(&[0; 4], &[], 0);
+    let mut svc = call.session(VTCM)?;
     match call.serve(&mut svc, &Request::Capabilities) {
         Response::Capabilities(c) => {
             check_eq!(c.protocol_version, PROTOCOL_VERSION);
@@ -134,24 +139,31 @@ fn bad_requests_get_error_responses() -> TestResult {
     let w16 = fp16_weight(&mut Rng(43), 8, 32, 0.5);
     let bytes: Vec<u8> = w16.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut x = vec![1.0f32; 2 * 32];
-    let mut svc = service()?;
     let mut call = Call::new(&bytes, &x, 2 * 8);
+    let mut svc = call.session(VTCM)?;
     let err = |error| Response::Error { seq: None, error };
     let op_err = |error| Response::Error { seq: Some(77), error };
     // Projecting before loading.
     check_eq!(call.serve(&mut svc, &Request::Project(call.op(5, Direction::Forward, 2))), op_err(ServiceError::UnknownProjection(5)));
-    // Weight reference past the buffer's end.
+    // Weight reference past the mapping's end, or into a call buffer.
     let mut far = call.weights();
     far.offset = 4096;
     check!(matches!(call.serve(&mut svc, &load(Precision::Fp16, rows, cols, far)), Response::Error { error: ServiceError::BadBuffer(BufferError::OutOfBounds { .. }), .. }));
+    let mut input = call.weights();
+    input.buffer = INPUT_BUFFER;
+    check_eq!(call.serve(&mut svc, &load(Precision::Fp16, rows, cols, input)), err(ServiceError::BadBuffer(BufferError::Unregistered { buffer: INPUT_BUFFER })));
     check_eq!(call.serve(&mut svc, &load(Precision::Fp16, rows, cols, call.weights())), Response::Done(5));
     check_eq!(call.serve(&mut svc, &load(Precision::Fp16, rows, cols, call.weights())), err(ServiceError::ProjectionSlot(5)));
     // Token count that does not match the buffers.
     check!(matches!(call.serve(&mut svc, &Request::Project(call.op(5, Direction::Forward, 3))), Response::Error { seq: Some(77), error: ServiceError::BadBuffer(BufferError::WrongLength { .. }) }));
     // NaN input.
     x[40] = f32::NAN;
-    let mut nan_call = Call::new(&bytes, &x, 2 * 8);
-    check_eq!(nan_call.serve(&mut svc, &Request::Project(nan_call.op(5, Direction::Forward, 2))), op_err(ServiceError::InvalidParams));
+    call.set_input(&x);
+    check_eq!(call.serve(&mut svc, &Request::Project(call.op(5, Direction::Forward, 2))), op_err(ServiceError::InvalidParams));
+    // An op may not name the weights mapping as its output.
+    let mut onto_weights = call.op(5, Direction::Forward, 2);
+    onto_weights.output = BufferRef { buffer: WEIGHTS_BUFFER, offset: 0, len: 64 };
+    check!(matches!(call.serve(&mut svc, &Request::Project(onto_weights)), Response::Error { error: ServiceError::BadBuffer(_), .. }));
     // Unload, then the id is unknown.
     check_eq!(call.serve(&mut svc, &Request::Unload(5)), Response::Done(5));
     check_eq!(call.serve(&mut svc, &Request::Unload(5)), err(ServiceError::UnknownProjection(5)));
@@ -159,6 +171,7 @@ fn bad_requests_get_error_responses() -> TestResult {
     let mut wq = q8_weight(&mut Rng(44), 8, 32, 0.5);
     wq[1] = 0x7e;
     let mut qcall = Call::new(&wq, &[], 0);
+    let mut svc = qcall.session(VTCM)?;
     check_eq!(qcall.serve(&mut svc, &load(Precision::Q8_0, rows, cols, qcall.weights())), err(ServiceError::InvalidParams));
     Ok(())
 }
@@ -169,13 +182,13 @@ fn unsupported_ops_answer_no_support_or_vtcm() -> TestResult {
     let cols = 32_800u32;
     let bytes = vec![0u8; cols as usize * 2];
     let x = vec![0.5f32; cols as usize];
-    let mut svc = service()?;
     let mut call = Call::new(&bytes, &x, 1);
+    let mut svc = call.session(VTCM)?;
     check_eq!(call.serve(&mut svc, &load(Precision::Fp16, 1, cols, call.weights())), Response::Done(5));
     check_eq!(call.serve(&mut svc, &Request::Project(call.op(5, Direction::Forward, 1))), Response::Error { seq: Some(77), error: ServiceError::NoSupport });
-    let mut small = ProjectionService::new(64 << 10).unwrap();
     let cols = 8192u32;
     let mut call = Call::new(&vec![0u8; cols as usize * 2], &vec![0.5; cols as usize], 1);
+    let mut small = call.session(64 << 10)?;
     check_eq!(call.serve(&mut small, &load(Precision::Fp16, 1, cols, call.weights())), Response::Done(5));
     let r = call.serve(&mut small, &Request::Project(call.op(5, Direction::Forward, 1)));
     check!(matches!(r, Response::Error { seq: Some(77), error: ServiceError::VtcmTooSmall { available: 65536, .. } }), "{r:?}");
@@ -187,7 +200,7 @@ fn skel_open_reserves_session_vtcm() -> TestResult {
     use crate::skel::Service;
     let svc = ProjectionService::open(b"file:///libhexlora_skel.so?hexlora_skel_handle_invoke&_modver=1.0");
     check!(svc.is_ok());
-    check_eq!(svc.map(|s| s.capabilities().vtcm_bytes as usize).unwrap_or(0), super::SESSION_VTCM_BYTES);
+    check_eq!(svc.map(|s| s.capabilities().vtcm_bytes as usize).unwrap_or(0), crate::rt::limits::SESSION_VTCM_BYTES);
     Ok(())
 }
 

@@ -7,17 +7,26 @@ use crate::{check, check_eq};
 use hexlora_proto::protocol::*;
 
 /// A service that exercises the buffer plumbing: `Project` writes each
-/// input byte inverted into the output, `LoadWeights` sums the weight bytes
-/// into the answer's projection id.
-struct Inverter;
+/// input byte inverted into the output, `LoadWeights` sums the mapped
+/// weight bytes into the answer's projection id.
+struct Inverter(Option<Mapping>);
 
 impl Service for Inverter {
     fn open(uri: &[u8]) -> Result<Self, i32> {
         if uri.starts_with(b"file:///libhexlora_skel.so") {
-            Ok(Inverter)
+            Ok(Inverter(None))
         } else {
             Err(AEE_EBADPARM)
         }
+    }
+
+    fn map(&mut self, weights: Mapping) -> Result<(), i32> {
+        self.0 = Some(weights);
+        Ok(())
+    }
+
+    fn mapping(&self) -> Option<&Mapping> {
+        self.0.as_ref()
     }
 
     fn handle(&mut self, request: &Request, buffers: &mut SharedBuffers<'_>) -> Response {
@@ -33,9 +42,10 @@ impl Service for Inverter {
                 }
                 Err(e) => error(Some(op.seq), e.into()),
             },
-            Request::LoadWeights(lw) => match buffers.read(&lw.weights) {
-                Ok(w) => Response::Done(w.iter().map(|&b| b as u32).sum()),
-                Err(e) => error(None, e.into()),
+            Request::LoadWeights(lw) => match self.0.as_ref().map(|m| m.read(&lw.weights)) {
+                Some(Ok(w)) => Response::Done(w.iter().map(|&b| b as u32).sum()),
+                Some(Err(e)) => error(None, e.into()),
+                None => error(None, ServiceError::InvalidParams),
             },
             _ => error(None, ServiceError::NoSupport),
         }
@@ -117,8 +127,8 @@ fn open_call_close() -> TestResult {
         projection: 0,
         direction: Direction::Forward,
         tokens: 1,
-        input: BufferRef { buffer: 1, offset: 4, len: 4 },
-        output: BufferRef { buffer: 2, offset: 8, len: 4 },
+        input: BufferRef { buffer: INPUT_BUFFER, offset: 4, len: 4 },
+        output: BufferRef { buffer: OUTPUT_BUFFER, offset: 8, len: 4 },
     };
     let (rc, resp) = call(&table, handle, &encoded(&Request::Project(op))?, &mut [&mut input], &mut [&mut output]);
     check_eq!(rc, AEE_SUCCESS);
@@ -150,18 +160,90 @@ fn bad_requests_get_error_responses() -> TestResult {
         projection: 0,
         direction: Direction::Forward,
         tokens: 1,
-        input: BufferRef { buffer: 1, offset: 4, len: 8 },
-        output: BufferRef { buffer: 2, offset: 0, len: 4 },
+        input: BufferRef { buffer: INPUT_BUFFER, offset: 4, len: 8 },
+        output: BufferRef { buffer: OUTPUT_BUFFER, offset: 0, len: 4 },
     };
     let (_, resp) = call(&table, handle, &encoded(&Request::Project(op))?, &mut [&mut input], &mut [&mut output]);
-    let oob = BufferError::OutOfBounds { buffer: 1, end: 12, len: 8 };
+    let oob = BufferError::OutOfBounds { buffer: INPUT_BUFFER, end: 12, len: 8 };
     check_eq!(resp, Some(Response::Error { seq: Some(5), error: ServiceError::BadBuffer(oob) }));
 
-    let into_input = ProjectionOp { output: BufferRef { buffer: 1, offset: 0, len: 4 }, input: op.output, ..op };
+    let into_input = ProjectionOp { output: BufferRef { buffer: INPUT_BUFFER, offset: 0, len: 4 }, input: op.output, ..op };
     let (_, resp) = call(&table, handle, &encoded(&Request::Project(into_input))?, &mut [&mut input], &mut [&mut output]);
-    let read_only = ServiceError::BadBuffer(BufferError::ReadOnly { buffer: 1 });
+    let read_only = ServiceError::BadBuffer(BufferError::ReadOnly { buffer: INPUT_BUFFER });
     check_eq!(resp, Some(Response::Error { seq: Some(5), error: read_only }));
     check_eq!(input, [0u8; 8]);
+
+    // A request longer than any message is Malformed, not read past.
+    let long = [0u8; MAX_MESSAGE_BYTES + 1];
+    let mut req = long;
+    let mut resp_buf = [0u8; RESPONSE_BUF_BYTES];
+    let mut args = [buf(&mut req), buf(&mut resp_buf)];
+    // SAFETY: 1 in, 1 out buffer, both live.
+    check_eq!(unsafe { invoke(&table, handle, Scalars::make(METHOD_CALL, 1, 1).0, args.as_mut_ptr()) }, AEE_SUCCESS);
+    check_eq!(decode::<Response>(&resp_buf[4..4 + resp_buf[0] as usize]).ok(), Some(Response::Error { seq: None, error: ServiceError::Malformed(DecodeError::TrailingBytes) }));
+    Ok(())
+}
+
+/// The trust boundary of a call: an output buffer that shares bytes with an
+/// input (or with the weights mapping), or a null buffer, fails the call
+/// before the service sees it; nothing is written.
+fn aliasing_and_null_buffers_are_refused() -> TestResult {
+    let table = Table::new(Sessions::new());
+    let handle = open(&table)?;
+    let mut req = encoded(&Request::Capabilities)?;
+    let mut resp = [0u8; RESPONSE_BUF_BYTES];
+    let mut shared = [7u8; 64];
+    let base = shared.as_mut_ptr();
+    let part = |off: usize, len: usize| RemoteArg { buf: RemoteBuf { pv: base.wrapping_add(off).cast(), len } };
+    let null = RemoteArg { buf: RemoteBuf { pv: core::ptr::null_mut(), len: 16 } };
+    let sc = Scalars::make(METHOD_CALL, 2, 2).0;
+    for (input, output, want) in [(part(0, 32), part(16, 32), AEE_EBADPARM), (part(0, 32), null, AEE_EBADPARM), (part(0, 32), part(32, 32), AEE_SUCCESS)] {
+        let mut args = [buf(&mut req), input, buf(&mut resp), output];
+        // SAFETY: 2 in, 2 out buffers; the non-null ones lie in `shared`.
+        check_eq!(unsafe { invoke(&table, handle, sc, args.as_mut_ptr()) }, want);
+    }
+    check!(shared.iter().all(|&b| b == 7));
+    Ok(())
+}
+
+/// Method 3 maps the session's weights once, through the fd table
+/// `fastrpc_mmap` fills: LoadWeights then reads them in place; a second map,
+/// an unknown fd, a length past the registered mapping, and an output
+/// buffer inside the mapping are refused.
+fn map_registers_the_weights_once() -> TestResult {
+    let table = Table::new(Sessions::new());
+    let handle = open(&table)?;
+    let mut weights = [3u8; 100];
+    // SAFETY: `weights` outlives the session (closed below).
+    check!(unsafe { mmap::register(41, weights.as_ptr(), weights.len()) });
+    let map = |fd: i32, len: usize| {
+        let mut arg = map_arg(fd, 0, len);
+        let mut args = [buf(&mut arg)];
+        // SAFETY: 1 in-buffer, live.
+        unsafe { invoke(&table, handle, Scalars::make(METHOD_MAP, 1, 0).0, args.as_mut_ptr()) }
+    };
+    check_eq!(map(42, 100), AEE_EBADPARM);
+    check_eq!(map(41, 101), AEE_EBADPARM);
+    check_eq!(map(41, 100), AEE_SUCCESS);
+    check_eq!(map(41, 100), AEE_EBADPARM);
+    let load = |len| {
+        let lw = LoadWeights { projection: 0, precision: Precision::Fp16, shape: WeightShape { rows: 1, cols: 1 }, weights: BufferRef { buffer: WEIGHTS_BUFFER, offset: 10, len } };
+        encoded(&Request::LoadWeights(lw))
+    };
+    let (rc, resp) = call(&table, handle, &load(20)?, &mut [], &mut []);
+    check_eq!((rc, resp), (AEE_SUCCESS, Some(Response::Done(60))));
+    let (_, resp) = call(&table, handle, &load(91)?, &mut [], &mut []);
+    check!(matches!(resp, Some(Response::Error { error: ServiceError::BadBuffer(BufferError::OutOfBounds { .. }), .. })), "{resp:?}");
+    // An output buffer inside the mapping.
+    let mut req = encoded(&Request::Capabilities)?;
+    let mut resp = [0u8; RESPONSE_BUF_BYTES];
+    let inside = RemoteArg { buf: RemoteBuf { pv: weights.as_mut_ptr().wrapping_add(50).cast(), len: 8 } };
+    let mut args = [buf(&mut req), buf(&mut resp), inside];
+    // SAFETY: 1 in, 2 out buffers, all live.
+    check_eq!(unsafe { invoke(&table, handle, Scalars::make(METHOD_CALL, 1, 2).0, args.as_mut_ptr()) }, AEE_EBADPARM);
+    check_eq!(close_session(&table, handle), AEE_SUCCESS);
+    mmap::unregister(41);
+    check!(weights.iter().all(|&b| b == 3));
     Ok(())
 }
 
@@ -209,41 +291,45 @@ fn projection_service_serves_through_invoke() -> TestResult {
     let w: alloc::vec::Vec<f16> = (0..rows * cols).map(|i| f16::from_f32(((i * 37 % 23) as f32 - 11.0) / 8.0)).collect();
     let x: alloc::vec::Vec<f32> = (0..tokens * cols).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
     // u32 storage keeps the buffers 4-byte aligned, as rpcmem buffers are.
-    let mut wbuf: alloc::vec::Vec<u32> = bytemuck::cast_slice::<f16, u32>(&w).to_vec();
+    let wbuf: alloc::vec::Vec<u32> = bytemuck::cast_slice::<f16, u32>(&w).to_vec();
     let mut xbuf: alloc::vec::Vec<u32> = x.iter().map(|v| v.to_bits()).collect();
     let mut ybuf = alloc::vec![0u32; tokens * rows];
     let wlen = (rows * cols * 2) as u64;
+    // The weights are mapped once (as fastrpc_mmap + method 3 do), then
+    // every call carries only the input and the output.
+    // SAFETY: wbuf outlives the session (closed below).
+    check!(unsafe { mmap::register(9, wbuf.as_ptr().cast(), wlen as usize) });
+    let mut arg = map_arg(9, 0, wlen as usize);
+    let mut args = [buf(&mut arg)];
+    // SAFETY: 1 in-buffer.
+    check_eq!(unsafe { invoke(&table, handle, Scalars::make(METHOD_MAP, 1, 0).0, args.as_mut_ptr()) }, AEE_SUCCESS);
     let load = Request::LoadWeights(LoadWeights {
         projection: 7,
         precision: Precision::Fp16,
         shape: WeightShape { rows: rows as u32, cols: cols as u32 },
-        weights: BufferRef { buffer: 1, offset: 0, len: wlen },
+        weights: BufferRef { buffer: WEIGHTS_BUFFER, offset: 0, len: wlen },
     });
     let op = Request::Project(ProjectionOp {
         seq: 1,
         projection: 7,
         direction: Direction::Forward,
         tokens: tokens as u32,
-        input: BufferRef { buffer: 2, offset: 0, len: (tokens * cols * 4) as u64 },
-        output: BufferRef { buffer: 3, offset: 0, len: (tokens * rows * 4) as u64 },
+        input: BufferRef { buffer: INPUT_BUFFER, offset: 0, len: (tokens * cols * 4) as u64 },
+        output: BufferRef { buffer: OUTPUT_BUFFER, offset: 0, len: (tokens * rows * 4) as u64 },
     });
     let mut answers = heapless::Vec::<Response, 2>::new();
     for request in [load, op] {
         let mut req = encoded(&request)?;
         let mut resp = [0u8; RESPONSE_BUF_BYTES];
-        let mut args = [
-            buf(&mut req),
-            buf(bytemuck::cast_slice_mut(&mut wbuf)),
-            buf(bytemuck::cast_slice_mut(&mut xbuf)),
-            buf(&mut resp),
-            buf(bytemuck::cast_slice_mut(&mut ybuf)),
-        ];
-        // SAFETY: 3 in, 2 out buffers, all live and disjoint.
-        check_eq!(unsafe { invoke(&table, handle, Scalars::make(METHOD_CALL, 3, 2).0, args.as_mut_ptr()) }, AEE_SUCCESS);
+        let mut args = [buf(&mut req), buf(bytemuck::cast_slice_mut(&mut xbuf)), buf(&mut resp), buf(bytemuck::cast_slice_mut(&mut ybuf))];
+        // SAFETY: 2 in, 2 out buffers, all live and disjoint.
+        check_eq!(unsafe { invoke(&table, handle, Scalars::make(METHOD_CALL, 2, 2).0, args.as_mut_ptr()) }, AEE_SUCCESS);
         let len = u32::from_le_bytes([resp[0], resp[1], resp[2], resp[3]]) as usize;
         let r = decode::<Response>(&resp[4..4 + len]).map_err(|e| fail(format_args!("response: {e:?}")))?;
         let _ = answers.push(r);
     }
+    check_eq!(close_session(&table, handle), AEE_SUCCESS);
+    mmap::unregister(9);
     check_eq!(answers[0], Response::Done(7));
     check!(matches!(answers[1], Response::Op(OpResult { seq: 1, status: Status::Ok, .. })), "{:?}", answers[1]);
     for t in 0..tokens {
@@ -263,5 +349,7 @@ crate::selftests!(
     open_call_close,
     bad_requests_get_error_responses,
     bad_invocations_fail_the_transport,
+    aliasing_and_null_buffers_are_refused,
+    map_registers_the_weights_once,
     projection_service_serves_through_invoke,
 );

@@ -21,7 +21,7 @@ use crate::projection::{Direction, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use hexlora_proto::protocol::{
     self as proto, BufferRef, Capabilities, LoadWeights, ProjectionOp, Request, Response, ServiceError, Status,
-    WeightShape, PROTOCOL_VERSION,
+    WeightShape, INPUT_BUFFER, OUTPUT_BUFFER, PROTOCOL_VERSION, WEIGHTS_BUFFER,
 };
 use hexlora_proto::q8_0::{self, BlockQ8_0, QK8_0};
 use std::path::PathBuf;
@@ -181,7 +181,7 @@ impl NpuClient {
         let offset = s.weights_used.div_ceil(WEIGHT_ALIGN) * WEIGHT_ALIGN;
         s.transport.region().write(WEIGHTS, offset, &bytes)?;
         let id = s.next_id;
-        let weights = BufferRef { buffer: 1, offset: offset as u64, len: bytes.len() as u64 };
+        let weights = BufferRef { buffer: WEIGHTS_BUFFER, offset: offset as u64, len: bytes.len() as u64 };
         let lw = LoadWeights { projection: id, precision: precision.to_proto(), shape, weights };
         match self.exchange(&mut s, &Request::LoadWeights(lw), None)? {
             Response::Done(got) if got == id => {}
@@ -259,8 +259,8 @@ impl NpuClient {
                 Direction::InputGrad => proto::Direction::InputGrad,
             },
             tokens: dim(tokens, &p.info().name)?,
-            input: BufferRef { buffer: 2, offset: 0, len: in_bytes.len() as u64 },
-            output: BufferRef { buffer: 3, offset: 0, len: out_len as u64 },
+            input: BufferRef { buffer: INPUT_BUFFER, offset: 0, len: in_bytes.len() as u64 },
+            output: BufferRef { buffer: OUTPUT_BUFFER, offset: 0, len: out_len as u64 },
         };
         let result = match self.exchange(&mut s, &Request::Project(op), side)? {
             Response::Op(r) if r.seq == op.seq => r,

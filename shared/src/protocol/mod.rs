@@ -8,6 +8,15 @@
 //! validates against the registered bounds before touching memory
 //! ([`buffer::validate`]).
 //!
+//! Buffer ids:
+//! - [`WEIGHTS_BUFFER`] (1): the session's weights mapping, registered once
+//!   when the session opens (a persistent `fastrpc_mmap` on a device, the
+//!   shared file in the simulator). [`LoadWeights`] names ranges in it and
+//!   the DSP reads them in place for the rest of the session: weights are
+//!   never copied into DSP memory nor sent again with a request;
+//! - [`INPUT_BUFFER`] (2, read-only) and [`OUTPUT_BUFFER`] (3, writable):
+//!   the buffers each [`ProjectionOp`] call carries.
+//!
 //! Messages are encoded with postcard ([`codec::encode`], [`codec::decode`]);
 //! decoding never panics and rejects truncated, trailing or garbage bytes.
 //!
@@ -34,7 +43,14 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped whenever a message layout changes; the host refuses a DSP whose
 /// [`Capabilities::protocol_version`] differs.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// Id of the session's weights mapping.
+pub const WEIGHTS_BUFFER: u32 = 1;
+/// Id of the first buffer a call carries (the op's input).
+pub const INPUT_BUFFER: u32 = 2;
+/// Id of the op's output buffer.
+pub const OUTPUT_BUFFER: u32 = 3;
 
 /// Identifies one frozen projection (e.g. "layer 3, q_proj") for the
 /// lifetime of a session. The host chooses the numbering.
@@ -94,8 +110,9 @@ pub struct Capabilities {
     pub max_projections: u32,
 }
 
-/// Make a weight resident: the DSP takes `W` from a registered buffer and
-/// keeps it (in its own memory, or in place) until the session ends.
+/// Make a weight resident: `W` stays where it lies in the session's weights
+/// mapping ([`WEIGHTS_BUFFER`]), which the host must not change until the
+/// weight is unloaded or the session ends; the DSP checks it once, here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoadWeights {
     /// The id later ops use.
@@ -104,7 +121,8 @@ pub struct LoadWeights {
     pub precision: Precision,
     /// Shape of `W`.
     pub shape: WeightShape,
-    /// The weight bytes: exactly [`LoadWeights::weight_bytes`] long.
+    /// The weight bytes in [`WEIGHTS_BUFFER`]: exactly
+    /// [`LoadWeights::weight_bytes`] long.
     pub weights: BufferRef,
 }
 
@@ -198,6 +216,12 @@ pub enum ServiceError {
     ProjectionSlot(ProjectionId),
     /// The request bytes did not decode.
     Malformed(DecodeError),
+    /// The DSP could not allocate memory the request needs (its heap is a
+    /// fixed arena): the host should send less at once or use its CPU path.
+    OutOfMemory {
+        /// Bytes the failed allocation asked for (saturated).
+        bytes: u32,
+    },
 }
 
 /// A response from the DSP.

@@ -5,10 +5,12 @@
 //! time (libloading) rather than linked, so a host binary built with the
 //! feature still starts on machines without it (and says so). The shared
 //! buffers are one rpcmem allocation (zero-copy on a device), laid out like
-//! every other transport's region; each request is one synchronous
-//! `remote_handle64_invoke` of the skel's method 2 with the same `remote_arg`
-//! layout the in-process transport builds (in: request, weights, input;
-//! out: response, output). The skel library (`ci/build-skel.sh`) must be
+//! every other transport's region. At session open the allocation is mapped
+//! into the DSP once (`fastrpc_mmap(.., FASTRPC_MAP_FD)`) and the skel's
+//! method 3 `map` tells the session where its weights lie in it; each
+//! request is then one synchronous `remote_handle64_invoke` of method 2 with
+//! the same `remote_arg` layout the in-process transport builds (in:
+//! request, input; out: response, output): weights never travel again. The skel library (`ci/build-skel.sh`) must be
 //! on the DSP's library path (`ADSP_LIBRARY_PATH`); the Hexagon SDK
 //! (HEXAGON_SDK_ROOT) is needed to sign it, not to build this transport.
 use super::{Fault, Layout, Region, Transport, TransportKind, INPUT, OUTPUT, WEIGHTS};
@@ -17,15 +19,26 @@ use hexlora_dsp::skel::{self, abi::AEE_SUCCESS, RemoteArg, RemoteBuf, Scalars, R
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::time::Duration;
 
+/// The FastRPC library on a device.
+const LIBRARY_ENV_DEFAULT: &str = "libcdsprpc.so";
+
 /// The skel's URI on the compute DSP.
 const URI: &str = "file:///libhexlora_skel.so?hexlora_skel_handle_invoke&_modver=1.0&_dom=cdsp";
 /// `RPCMEM_HEAP_ID_SYSTEM`.
 const RPCMEM_HEAP_ID_SYSTEM: c_int = 25;
 /// `RPCMEM_DEFAULT_FLAGS`.
 const RPCMEM_DEFAULT_FLAGS: u32 = 1;
+/// `CDSP_DOMAIN_ID` (remote.h).
+const CDSP_DOMAIN_ID: c_int = 3;
+/// `FASTRPC_MAP_FD` of `enum fastrpc_map_flags` (remote.h): a persistent
+/// mapping the DSP finds with `HAP_mmap_get(fd)`.
+const FASTRPC_MAP_FD: c_int = 2;
 
 type RpcmemAlloc = unsafe extern "C" fn(heapid: c_int, flags: u32, size: c_int) -> *mut c_void;
 type RpcmemFree = unsafe extern "C" fn(po: *mut c_void);
+type RpcmemToFd = unsafe extern "C" fn(po: *mut c_void) -> c_int;
+type FastrpcMmap = unsafe extern "C" fn(domain: c_int, fd: c_int, addr: *mut c_void, offset: c_int, length: usize, flags: c_int) -> c_int;
+type FastrpcMunmap = unsafe extern "C" fn(domain: c_int, fd: c_int, addr: *mut c_void, length: usize) -> c_int;
 type HandleOpen = unsafe extern "C" fn(name: *const c_char, handle: *mut u64) -> c_int;
 type HandleInvoke = unsafe extern "C" fn(handle: u64, scalars: u32, args: *mut RemoteArg) -> c_int;
 type HandleClose = unsafe extern "C" fn(handle: u64) -> c_int;
@@ -35,6 +48,7 @@ struct Api {
     open: HandleOpen,
     invoke: HandleInvoke,
     close: HandleClose,
+    munmap: FastrpcMunmap,
 }
 
 /// The FastRPC transport.
@@ -42,6 +56,8 @@ pub struct FastRpc {
     api: Api,
     handle: u64,
     region: Region,
+    /// The rpcmem fd of the region, mapped into the DSP once.
+    fd: c_int,
     response: Option<Vec<u8>>,
     /// Declared last: dropped after the region has been freed through it.
     _lib: std::sync::Arc<libloading::Library>,
@@ -56,16 +72,29 @@ fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
 }
 
 impl FastRpc {
-    /// Loads libcdsprpc.so, allocates the region in rpcmem and opens the
-    /// skel.
+    /// Loads libcdsprpc.so, allocates the region in rpcmem, maps it into
+    /// the DSP and opens the skel.
     pub fn new(layout: Layout) -> Result<FastRpc> {
+        FastRpc::with_library(layout, std::path::Path::new(LIBRARY_ENV_DEFAULT))
+    }
+
+    /// [`FastRpc::new`] over the FastRPC library at `path` (the device's
+    /// `libcdsprpc.so`, or the in-tree stand-in the tests build).
+    pub fn with_library(layout: Layout, path: &std::path::Path) -> Result<FastRpc> {
         // SAFETY: loading runs the library's initialisers, as linking would.
-        let lib = unsafe { libloading::Library::new("libcdsprpc.so") }
-            .map_err(|e| Error::Npu(format!("cannot load libcdsprpc.so (no FastRPC on this machine?): {e}")))?;
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| Error::Npu(format!("cannot load {} (no FastRPC on this machine?): {e}", path.display())))?;
         let lib = std::sync::Arc::new(lib);
         let alloc: RpcmemAlloc = symbol(&lib, "rpcmem_alloc")?;
         let free: RpcmemFree = symbol(&lib, "rpcmem_free")?;
-        let api = Api { open: symbol(&lib, "remote_handle64_open")?, invoke: symbol(&lib, "remote_handle64_invoke")?, close: symbol(&lib, "remote_handle64_close")? };
+        let to_fd: RpcmemToFd = symbol(&lib, "rpcmem_to_fd")?;
+        let mmap: FastrpcMmap = symbol(&lib, "fastrpc_mmap")?;
+        let api = Api {
+            open: symbol(&lib, "remote_handle64_open")?,
+            invoke: symbol(&lib, "remote_handle64_invoke")?,
+            close: symbol(&lib, "remote_handle64_close")?,
+            munmap: symbol(&lib, "fastrpc_munmap")?,
+        };
         let size = c_int::try_from(layout.total).map_err(|_| Error::Npu(format!("rpcmem cannot allocate {} bytes", layout.total)))?;
         // SAFETY: rpcmem_alloc returns null or `size` bytes of shared memory.
         let base = unsafe { alloc(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, size) };
@@ -81,7 +110,15 @@ impl FastRpc {
         });
         // SAFETY: rpcmem memory is page-aligned, `size` bytes, ours alone.
         let region = unsafe { Region::external(base.cast(), layout, release) };
-        let mut t = FastRpc { api, handle: 0, region, response: None, _lib: lib };
+        // SAFETY: base came from rpcmem_alloc.
+        let fd = unsafe { to_fd(base) };
+        // SAFETY: maps the whole allocation, which outlives the mapping
+        // (Drop unmaps before the region is freed).
+        let code = unsafe { mmap(CDSP_DOMAIN_ID, fd, base, 0, layout.total, FASTRPC_MAP_FD) };
+        if fd < 0 || code != AEE_SUCCESS {
+            return Err(Error::Npu(format!("fastrpc_mmap of the {}-byte region (fd {fd}) failed with {code:#x}", layout.total)));
+        }
+        let mut t = FastRpc { api, handle: 0, region, fd, response: None, _lib: lib };
         t.handle = t.open()?;
         Ok(t)
     }
@@ -93,6 +130,16 @@ impl FastRpc {
         let code = unsafe { (self.api.open)(uri.as_ptr(), &mut handle) };
         if code != AEE_SUCCESS {
             return Err(Error::Npu(format!("remote_handle64_open({URI}) failed with {code:#x}")));
+        }
+        let (offset, len) = self.region.buffer(WEIGHTS);
+        let mut map = skel::map_arg(self.fd, offset, len);
+        let mut args = [RemoteArg { buf: RemoteBuf { pv: map.as_mut_ptr().cast(), len: map.len() } }];
+        // SAFETY: one in-buffer, as method 3 takes.
+        let code = unsafe { (self.api.invoke)(handle, Scalars::make(skel::METHOD_MAP, 1, 0).0, args.as_mut_ptr()) };
+        if code != AEE_SUCCESS {
+            // SAFETY: the handle was opened above.
+            unsafe { (self.api.close)(handle) };
+            return Err(Error::Npu(format!("the skel's map of the weights failed with {code:#x}")));
         }
         Ok(handle)
     }
@@ -106,15 +153,9 @@ impl FastRpc {
             buf: RemoteBuf { pv: unsafe { base.add(off) }.cast(), len },
         };
         let arg = |b: &mut [u8]| RemoteArg { buf: RemoteBuf { pv: b.as_mut_ptr().cast(), len: b.len() } };
-        let mut args = [
-            arg(&mut req),
-            remote(self.region.buffer(WEIGHTS)),
-            remote(self.region.buffer(INPUT)),
-            arg(&mut resp),
-            remote(self.region.buffer(OUTPUT)),
-        ];
-        let sc = Scalars::make(skel::METHOD_CALL, 3, 2);
-        // SAFETY: args holds the 5 buffers sc describes, alive for the call.
+        let mut args = [arg(&mut req), remote(self.region.buffer(INPUT)), arg(&mut resp), remote(self.region.buffer(OUTPUT))];
+        let sc = Scalars::make(skel::METHOD_CALL, 2, 2);
+        // SAFETY: args holds the 4 buffers sc describes, alive for the call.
         let code = unsafe { (self.api.invoke)(self.handle, sc.0, args.as_mut_ptr()) };
         if code != AEE_SUCCESS {
             // A dead DSP process domain shows up here (AEE_ENOSUCH and
@@ -157,7 +198,13 @@ impl Transport for FastRpc {
 
 impl Drop for FastRpc {
     fn drop(&mut self) {
-        // SAFETY: the handle came from open().
-        unsafe { (self.api.close)(self.handle) };
+        let total = self.region.layout().total;
+        let base = self.region.base();
+        // SAFETY: the handle came from open(); the mapping from new(), over
+        // the region, which is freed only after this (field order).
+        unsafe {
+            (self.api.close)(self.handle);
+            (self.api.munmap)(CDSP_DOMAIN_ID, self.fd, base.cast(), total);
+        }
     }
 }

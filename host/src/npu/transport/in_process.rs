@@ -6,6 +6,11 @@
 //! A FastRPC call is synchronous, and so is this transport: `post` runs the
 //! request to completion, `wait` hands back its response. Overlap needs the
 //! [`super::shared_memory`] transport.
+//!
+//! The weights buffer is mapped once per session, as on a device: the
+//! region is entered in the skel's fd table (what `fastrpc_mmap` does) and
+//! method 3 `map` hands it to the session; calls then carry only the input
+//! and the output.
 use super::{Fault, Layout, Region, Transport, TransportKind, INPUT, OUTPUT, WEIGHTS};
 use crate::{Error, Result};
 use hexlora_dsp::service::ProjectionService;
@@ -18,13 +23,28 @@ pub struct InProcess {
     sessions: Spinlock<Sessions<ProjectionService, 1>>,
     handle: u64,
     region: Region,
+    /// The weights buffer's key in the skel's fd table.
+    fd: i32,
     response: Option<Vec<u8>>,
+}
+
+/// A process-unique stand-in for an rpcmem fd.
+fn next_fd() -> i32 {
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1 << 20);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl InProcess {
     /// Maps the region and opens a session.
     pub fn new(layout: Layout) -> Result<InProcess> {
-        let mut t = InProcess { sessions: Spinlock::new(Sessions::new()), handle: 0, region: Region::anonymous(layout)?, response: None };
+        let mut region = Region::anonymous(layout)?;
+        let fd = next_fd();
+        // SAFETY: the region lives as long as the transport, whose Drop
+        // unregisters the fd after closing the session.
+        if !unsafe { skel::mmap::register(fd, region.base(), layout.total) } {
+            return Err(Error::Npu("the skel's mapping table is full".into()));
+        }
+        let mut t = InProcess { sessions: Spinlock::new(Sessions::new()), handle: 0, region, fd, response: None };
         t.handle = t.open()?;
         Ok(t)
     }
@@ -40,11 +60,21 @@ impl InProcess {
         if code != AEE_SUCCESS {
             return Err(Error::Npu(format!("in-process skel open failed with AEE code {code}")));
         }
-        Ok(u64::from_le_bytes(handle))
+        let handle = u64::from_le_bytes(handle);
+        let (offset, len) = self.region.buffer(WEIGHTS);
+        let mut map = skel::map_arg(self.fd, offset, len);
+        let mut args = [arg(&mut map)];
+        // SAFETY: one in-buffer, as method 3 takes.
+        let code = unsafe { skel::invoke(&self.sessions, handle, Scalars::make(skel::METHOD_MAP, 1, 0).0, args.as_mut_ptr()) };
+        if code != AEE_SUCCESS {
+            skel::close_session(&self.sessions, handle);
+            return Err(Error::Npu(format!("in-process skel map of the weights failed with AEE code {code}")));
+        }
+        Ok(handle)
     }
 
-    /// Method 2 `call`: in-bufs request, weights, input; out-bufs response,
-    /// output (protocol ids 1, 2, 3 for the shared buffers).
+    /// Method 2 `call`: in-bufs request, input; out-bufs response, output
+    /// (protocol ids 2 and 3).
     fn call(&mut self, request: &[u8]) -> std::result::Result<Vec<u8>, Fault> {
         let mut req = request.to_vec();
         let mut resp = [0u8; RESPONSE_BUF_BYTES];
@@ -53,15 +83,9 @@ impl InProcess {
             // SAFETY (of the add): off lies inside the mapping (Layout).
             buf: RemoteBuf { pv: unsafe { base.add(off) }.cast(), len },
         };
-        let mut args = [
-            arg(&mut req),
-            remote(self.region.buffer(WEIGHTS)),
-            remote(self.region.buffer(INPUT)),
-            arg(&mut resp),
-            remote(self.region.buffer(OUTPUT)),
-        ];
-        let sc = Scalars::make(skel::METHOD_CALL, 3, 2);
-        // SAFETY: args holds the 5 buffers sc describes; the region's
+        let mut args = [arg(&mut req), remote(self.region.buffer(INPUT)), arg(&mut resp), remote(self.region.buffer(OUTPUT))];
+        let sc = Scalars::make(skel::METHOD_CALL, 2, 2);
+        // SAFETY: args holds the 4 buffers sc describes; the region's
         // buffers are disjoint and nothing else touches them during the call.
         let code = unsafe { skel::invoke(&self.sessions, self.handle, sc.0, args.as_mut_ptr()) };
         if code != AEE_SUCCESS {
@@ -99,5 +123,12 @@ impl Transport for InProcess {
         self.response = None;
         self.handle = self.open()?;
         Ok(())
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        skel::close_session(&self.sessions, self.handle);
+        skel::mmap::unregister(self.fd);
     }
 }
