@@ -11,7 +11,7 @@ use std::process::Command;
 
 /// (cargo feature, HVX target feature its build must enable).
 const GENERATIONS: [(&str, &str); 5] =
-    [("sim", "hvxv66"), ("v68", "hvxv68"), ("v73", "hvxv73"), ("v75", "hvxv75"), ("v79", "hvxv79")];
+    [("sim", "hvxv73"), ("v68", "hvxv68"), ("v73", "hvxv73"), ("v75", "hvxv75"), ("v79", "hvxv79")];
 
 /// SDK headers the `sdk` feature binds.
 const SDK_HEADERS: [&str; 4] = ["remote.h", "rpcmem.h", "dspqueue.h", "HAP_compute_res.h"];

@@ -25,12 +25,13 @@ HEXAGON_TARGET=hexagon-unknown-none-elf
 HEXAGON_BUILD=(-Zbuild-std=core,alloc --target "$HEXAGON_TARGET")
 HEXAGON_OUT="${CARGO_TARGET_DIR:-$(pwd)/target}/$HEXAGON_TARGET"
 
-# RUSTFLAGS of one generation: sim = v67 CPU with HVX v66 (what qemu 7.2
-# executes); v68..v79 are compile-only here.
+# RUSTFLAGS of one generation: sim = v73 CPU with HVX v73 integer ops (what
+# qemu-hexagon 10 `-cpu v73` executes: no HVX float, no user DMA);
+# v68..v79 are the device skels, compile-only here.
 hexagon_rustflags() {
     local cpu hvx
     case "$1" in
-        sim) cpu=hexagonv67 hvx=hvxv66 ;;
+        sim) cpu=hexagonv73 hvx=hvxv73 ;;
         v68 | v73 | v75 | v79) cpu="hexagon$1" hvx="hvx$1" ;;
         *) echo "unknown Hexagon generation '$1' (sim, v68, v73, v75, v79)" >&2; return 1 ;;
     esac

@@ -5,7 +5,8 @@
 #   rustc-web rust-web-src  Debian's rustc 1.96 and its library source, which
 #                           -Zbuild-std compiles for hexagon-unknown-none-elf
 #   cargo-web               cargo for that rustc (skipped if cargo exists)
-#   qemu-user               qemu-hexagon, the simulator (Linux user mode)
+#   qemu-user (>= 10)       qemu-hexagon with -cpu v73, the simulator (Linux
+#                           user mode), from Debian bookworm-backports
 #   lld-14                  ld.lld-14, the Hexagon linker
 #   llvm-14                 llvm-readelf-14, to check the skel's symbols
 #   libclang-dev bindgen    bindgen over dsp/include/hexlora.h
@@ -13,20 +14,32 @@
 # A rustup user can skip the Debian compilers instead: see toolchain/README.md.
 set -euo pipefail
 
-packages=(rustc-web rust-web-src qemu-user lld-14 llvm-14 libclang-dev bindgen)
+packages=(rustc-web rust-web-src lld-14 llvm-14 libclang-dev bindgen)
 command -v cargo >/dev/null || packages+=(cargo-web)
 
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 if [ ${#missing[@]} -gt 0 ]; then
     echo "toolchain/install.sh: installing ${missing[*]}"
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 else
     echo "toolchain/install.sh: all packages present"
+fi
+
+# qemu-hexagon 10 (-cpu v73): Debian 12 itself has 7.2 (v67 at most).
+qemu_major=$(qemu-hexagon --version 2>/dev/null | sed -n 's/^qemu-hexagon version \([0-9]*\).*/\1/p')
+if [ "${qemu_major:-0}" -lt 10 ]; then
+    echo "toolchain/install.sh: installing qemu-user 10 from bookworm-backports (have ${qemu_major:-none})"
+    list=/etc/apt/sources.list.d/bookworm-backports.list
+    if ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        echo "deb http://deb.debian.org/debian bookworm-backports main" | $sudo tee "$list" >/dev/null
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -t bookworm-backports qemu-user
 fi

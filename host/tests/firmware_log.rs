@@ -27,7 +27,7 @@ fn firmware_defmt_message_is_decoded_on_the_host() {
     let Some(elf) = firmware_elf() else { return };
     // Only the defmt self-test: it logs "selftest log frame: {=u32} + {=u32}".
     let out = Command::new("qemu-hexagon")
-        .args(["-cpu", "v67"])
+        .args(["-cpu", hexlora::npu::transport::simulator::SIM_CPU])
         .arg(&elf)
         .args(["defmt_logger", "--dump-log"])
         .output()

@@ -1,4 +1,4 @@
-//! The projection service as a simulator process: `qemu-hexagon -cpu v67
+//! The projection service as a simulator process: `qemu-hexagon -cpu v73
 //! sim_service SHM_FILE BYTES` maps the host's shared file and serves the
 //! mailbox in it (`hexlora_dsp::service::mailbox`) until the host stops it,
 //! restarts it, or goes away. Built by ci/sim-test.sh; the host's simulator

@@ -14,10 +14,11 @@
 //!   order, as it is polled or waited on (so reading a destination before its
 //!   descriptor completed shows stale bytes, as on hardware);
 //! - `udma_hexagon` (Hexagon v68+ builds only): `dmstart`/`dmlink`/`dmwait`.
-//!   COMPILE-ONLY: qemu-hexagon 7.2 has no user DMA, so nothing here runs it.
+//!   COMPILE-ONLY: qemu-hexagon 10 aborts on user-DMA instructions, so the
+//!   simulator build leaves this engine out and nothing here runs it.
 pub mod selftests;
 pub mod software;
-// User DMA instructions exist from v68 on: not in the v67 simulator build.
+// User DMA: device skels only (qemu-hexagon aborts on it).
 #[cfg(all(target_arch = "hexagon", not(feature = "sim")))]
 pub mod udma_hexagon;
 

@@ -205,7 +205,7 @@ fn resident_weight<'a>(mapping: &'a Mapping, r: &Resident) -> Result<ResidentWei
 }
 
 /// The Hexagon user cycle counter (`UPCYCLE`); 0 on other targets. Note
-/// that qemu-hexagon 7.2 does not count cycles: it reads 0 there too, so
+/// that qemu-hexagon does not count cycles: it reads 0 there too, so
 /// only a device fills `Timing::total_cycles`.
 fn cycles() -> u64 {
     #[cfg(target_arch = "hexagon")]
@@ -277,7 +277,7 @@ fn build_arch() -> u16 {
     } else if cfg!(feature = "v68") {
         68
     } else if cfg!(feature = "sim") {
-        67
+        73
     } else {
         0
     }

@@ -1,10 +1,10 @@
 //! The firmware built for Hexagon (`dsp/src/bin/sim_service.rs`) running
-//! under `qemu-hexagon -cpu v67` as a child process. The mailbox and the
+//! under `qemu-hexagon -cpu v73` (qemu 10) as a child process. The mailbox and the
 //! shared buffers live in a `/dev/shm` file that both processes map
 //! (qemu-user maps guest memory onto host memory, so the mapping is truly
 //! shared); the child polls the mailbox with short sleeps.
 //!
-//! The child is `qemu-hexagon -cpu v67 SERVICE_ELF SHM_FILE BYTES`. A child
+//! The child is `qemu-hexagon -cpu v73 SERVICE_ELF SHM_FILE BYTES`. A child
 //! that exits is seen at once; one that hangs is seen by the timeout; both
 //! are killed and replaced by [`Transport::restart`].
 use super::{queue, Fault, Layout, Region, Transport, TransportKind};
@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+/// The CPU qemu-hexagon emulates: the simulator build's target
+/// (toolchain/hexagon-env.sh; qemu-user 10 from bookworm-backports).
+pub const SIM_CPU: &str = "v73";
 
 /// The environment variable naming the Hexagon service ELF.
 pub const SERVICE_ENV: &str = "HEXLORA_SIM_SERVICE";
@@ -64,7 +68,7 @@ impl Simulator {
     fn start(&mut self) -> Result<()> {
         queue::init(&mut self.region)?;
         let child = Command::new(&self.config.qemu)
-            .args(["-cpu", "v67"])
+            .args(["-cpu", SIM_CPU])
             .arg(&self.config.service)
             .arg(&self.path)
             .arg(self.region.layout().total.to_string())
@@ -95,10 +99,24 @@ impl Simulator {
     }
 }
 
+/// Why the qemu child ended, in words: qemu aborts (SIGABRT) on an
+/// instruction it does not implement, which is not a crash of the firmware
+/// (its panics exit 101).
+fn exit_reason(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if status.signal() == Some(6) || status.code() == Some(134) {
+        return format!("qemu-hexagon aborted ({status}): an instruction qemu does not implement (HVX float, user DMA), not a firmware crash");
+    }
+    if status.code() == Some(101) {
+        return format!("the firmware panicked under qemu-hexagon ({status}; its message is on qemu's stderr)");
+    }
+    format!("qemu-hexagon exited ({status})")
+}
+
 fn exited(child: &mut Option<Child>) -> Option<String> {
     match child.as_mut().map(Child::try_wait) {
         Some(Ok(None)) => None,
-        Some(Ok(Some(status))) => Some(format!("qemu-hexagon exited ({status})")),
+        Some(Ok(Some(status))) => Some(exit_reason(status)),
         Some(Err(e)) => Some(format!("cannot query qemu-hexagon: {e}")),
         None => Some("no qemu-hexagon child".into()),
     }
