@@ -26,12 +26,14 @@ HEXAGON_BUILD=(-Zbuild-std=core,alloc --target "$HEXAGON_TARGET")
 HEXAGON_OUT="${CARGO_TARGET_DIR:-$(pwd)/target}/$HEXAGON_TARGET"
 
 # RUSTFLAGS of one generation: sim = v67 CPU with HVX v66 (what qemu 7.2
-# executes); v68..v79 are compile-only here.
+# executes); v68..v79 are compile-only here and add HVX floating point
+# (IEEE `hvx-ieee-fp` and `hvx-qfloat`, both introduced with v68), which
+# selects the HVX float tile engine (dsp/src/tile/hvx_float.rs).
 hexagon_rustflags() {
     local cpu hvx
     case "$1" in
         sim) cpu=hexagonv67 hvx=hvxv66 ;;
-        v68 | v73 | v75 | v79) cpu="hexagon$1" hvx="hvx$1" ;;
+        v68 | v73 | v75 | v79) cpu="hexagon$1" hvx="hvx$1,+hvx-ieee-fp,+hvx-qfloat" ;;
         *) echo "unknown Hexagon generation '$1' (sim, v68, v73, v75, v79)" >&2; return 1 ;;
     esac
     echo "-C target-cpu=$cpu -C target-feature=+$hvx,+hvx-length128b"
