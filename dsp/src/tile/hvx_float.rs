@@ -9,7 +9,8 @@
 //!   qemu-hexagon the engine's code runs over these and is tested;
 //! - `hvx_intrinsics::Intrinsics` (Hexagon builds with `hvxv68` and
 //!   `hvx-ieee-fp`): the real instructions through `core::arch::hexagon::v128`.
-//!   Compile-checked only: no simulator here executes HVX float and no
+//!   Compile-checked only (ci/hvx-float-check.sh finds the instructions in
+//!   the v73 build's loop): no simulator here executes HVX float and no
 //!   device is available, so the instructions' behaviour on hardware is
 //!   taken from the models' reference, not verified.
 //!
