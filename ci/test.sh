@@ -31,6 +31,9 @@ bash ci/bindgen-check.sh
 echo "== skel shared object (v73)"
 bash ci/build-skel.sh v73
 
+echo "== HVX float tile engine compiled for v73 (objdump of its hot loop)"
+bash ci/hvx-float-check.sh
+
 echo "== firmware log decoded on the host"
 # ci/sim-test.sh below builds the same ELF; build it first for this test.
 source toolchain/hexagon-env.sh

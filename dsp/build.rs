@@ -20,6 +20,14 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=../linker");
     println!("cargo:rustc-check-cfg=cfg(hexlora_h_bindings)");
+    println!("cargo:rustc-check-cfg=cfg(hexlora_hap)");
+    // The HAP runtime calls are external symbols on a device skel, and
+    // natively with feature `hap` (the FastRPC stand-in defines them).
+    let hexagon = env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("hexagon");
+    let feature = |f: &str| env::var(format!("CARGO_FEATURE_{f}")).is_ok();
+    if (hexagon && !feature("SIM")) || feature("HAP") {
+        println!("cargo:rustc-cfg=hexlora_hap");
+    }
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     c_header_bindings(&out_dir);
     if env::var("CARGO_FEATURE_SDK").is_ok() {

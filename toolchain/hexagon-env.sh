@@ -27,12 +27,14 @@ HEXAGON_OUT="${CARGO_TARGET_DIR:-$(pwd)/target}/$HEXAGON_TARGET"
 
 # RUSTFLAGS of one generation: sim = v73 CPU with HVX v73 integer ops (what
 # qemu-hexagon 10 `-cpu v73` executes: no HVX float, no user DMA);
-# v68..v79 are the device skels, compile-only here.
+# v68..v79 are the device skels, compile-only here, and add HVX floating
+# point (IEEE `hvx-ieee-fp` and `hvx-qfloat`, both introduced with v68),
+# which selects the HVX float tile engine (dsp/src/tile/hvx_float.rs).
 hexagon_rustflags() {
     local cpu hvx
     case "$1" in
         sim) cpu=hexagonv73 hvx=hvxv73 ;;
-        v68 | v73 | v75 | v79) cpu="hexagon$1" hvx="hvx$1" ;;
+        v68 | v73 | v75 | v79) cpu="hexagon$1" hvx="hvx$1,+hvx-ieee-fp,+hvx-qfloat" ;;
         *) echo "unknown Hexagon generation '$1' (sim, v68, v73, v75, v79)" >&2; return 1 ;;
     esac
     echo "-C target-cpu=$cpu -C target-feature=+$hvx,+hvx-length128b"

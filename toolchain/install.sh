@@ -9,12 +9,14 @@
 #                           user mode), from Debian bookworm-backports
 #   lld-14                  ld.lld-14, the Hexagon linker
 #   llvm-14                 llvm-readelf-14, to check the skel's symbols
+#   llvm-22                 llvm-objdump-22, which decodes v73 HVX float
+#                           (ci/hvx-float-check.sh)
 #   libclang-dev bindgen    bindgen over dsp/include/hexlora.h
 #
 # A rustup user can skip the Debian compilers instead: see toolchain/README.md.
 set -euo pipefail
 
-packages=(rustc-web rust-web-src lld-14 llvm-14 libclang-dev bindgen)
+packages=(rustc-web rust-web-src lld-14 llvm-14 llvm-22 libclang-dev bindgen)
 command -v cargo >/dev/null || packages+=(cargo-web)
 
 missing=()

@@ -8,6 +8,12 @@
 //! output once), tile products, and modelled time at 4.65 TFLOPS of HMX FP16
 //! and an assumed DDR bandwidth.
 //!
+//! Part 1b, the HVX float tile engine modelled (never measured: no device
+//! here): packets per tile product from the engine's instruction schedule
+//! (`hexlora_dsp::tile::hvx_float::schedule`) under a stated packing
+//! assumption, GFLOP/s per HVX context at assumed clocks, and the layer
+//! totals of Part 1 recomputed with that rate beside HMX's.
+//!
 //! Part 2, measured: throughput of the real kernels (software DMA and tile
 //! engines) on this machine, with the W and input bytes their DMA engine
 //! actually moved, tokens resident (8 MiB) and re-streamed (small VTCM).
@@ -166,6 +172,70 @@ fn plan_table() {
     println!("# wide reductions at large T (e.g. d=9728, T=4096) that traffic exceeds W's and DMA nears compute.");
 }
 
+/// Assumed cDSP clocks for the HVX model (not a measured or documented
+/// figure for any one phone: Hexagon NPUs run around 1 GHz, give or take).
+const HVX_CLOCKS_GHZ: [f64; 2] = [1.0, 1.5];
+/// Assumed HVX contexts working in parallel (one per hardware thread that
+/// holds an HVX unit; the number varies by chip and is not checked here).
+const HVX_CONTEXTS: f64 = 4.0;
+
+/// Packets per tile product under the packing assumption: each packet holds
+/// at most two multiply-resource units (a `vmpyacc` of class CVI_VX_DV takes
+/// both; a `vsplat`, class CVI_VX_LATE, and a `vadd`, CVI_VX, one each, per
+/// their classes in hexagon_protos.h), one vector load and one vector store;
+/// scalar loads of the activation pairs and loop control ride in slots 0/1,
+/// and a software-pipelined loop reaches the resource bound. Returns
+/// (packets, description of the binding resource).
+fn hvx_packets_per_tile() -> (f64, &'static str) {
+    use hexlora_dsp::tile::hvx_float::schedule as s;
+    let mpy_units = (2 * s::VMPYACCS + s::SPLATS + s::VADDS) as f64;
+    let loads = (s::WEIGHT_LOADS + s::ACC_LOADS) as f64;
+    let stores = s::ACC_STORES as f64;
+    let packets = (mpy_units / 2.0).max(loads).max(stores);
+    (packets, if packets == mpy_units / 2.0 { "the two multiply units" } else { "vector loads/stores" })
+}
+
+fn hvx_float_model() {
+    use hexlora_dsp::tile::hvx_float::schedule as s;
+    let (packets, bound) = hvx_packets_per_tile();
+    let flops = s::FLOPS as f64;
+    println!("\n# Part 1b: HVX float tile engine, MODELLED (no device here; nothing below is measured)");
+    println!(
+        "# schedule per 32x32x32 tile: {} vmpyacc (Vxx.sf+=vmpy(Vu.hf,Vv.hf)), {} vsplat, {} vadd.sf, {} + {} vector loads, {} stores",
+        s::VMPYACCS, s::SPLATS, s::VADDS, s::WEIGHT_LOADS, s::ACC_LOADS, s::ACC_STORES
+    );
+    println!("# packing assumption: <= 2 multiply-resource units (vmpyacc = 2, vsplat = 1, vadd = 1), 1 vector load, 1 store per packet;");
+    println!("# one packet per cycle per HVX context (an upper bound), clocks assumed {HVX_CLOCKS_GHZ:?} GHz, {HVX_CONTEXTS} contexts assumed");
+    println!("# packets per tile: {packets:.0} (bound by {bound}); {:.1} FLOP per packet (vmpyacc alone: 128)", flops / packets);
+    println!("# (the compiled v73 loop, counted statically by ci/hvx-float-check.sh, may hold more packets than this bound)");
+    for ghz in HVX_CLOCKS_GHZ {
+        let per_context = flops / packets * ghz;
+        println!(
+            "# at {ghz:.1} GHz: {per_context:.1} GFLOP/s per HVX context, {:.2} TFLOPS on {HVX_CONTEXTS} contexts (HMX: {HMX_TFLOPS} TFLOPS)",
+            per_context * HVX_CONTEXTS / 1e3
+        );
+    }
+    let ghz = HVX_CLOCKS_GHZ[0];
+    let hvx_tflops = flops / packets * ghz * HVX_CONTEXTS / 1e3;
+    println!("# one layer, all projections, fwd + input-grad, modelled ms: HMX vs HVX float ({ghz:.1} GHz, {HVX_CONTEXTS} contexts), time = max(compute, dma)");
+    println!("{:<13} {:>5} {:>9} {:>9} {:>6}", "model", "T", "hmx_ms", "hvx_ms", "ratio");
+    for (model, projs) in models() {
+        for &t in &BUCKETS {
+            let (mut hmx_total, mut hvx_total) = (0.0f64, 0.0f64);
+            for proj in &projs {
+                for dir in [Direction::Forward, Direction::InputGrad] {
+                    let Ok(plan) = Plan::new(proj.precision, dir, proj.rows, proj.cols, t, DEFAULT_VTCM_BYTES) else { continue };
+                    let (hmx, dma) = plan.modelled_seconds(HMX_TFLOPS, DDR_GBPS);
+                    let (hvx, _) = plan.modelled_seconds(hvx_tflops, DDR_GBPS);
+                    hmx_total += hmx.max(dma);
+                    hvx_total += hvx.max(dma);
+                }
+            }
+            println!("{model:<13} {t:>5} {:>9.2} {:>9.2} {:>6.1}", hmx_total * 1e3, hvx_total * 1e3, hvx_total / hmx_total);
+        }
+    }
+}
+
 fn measure() {
     println!("\n# Part 2: measured on this machine (software DMA + software tile engine, one core)");
     println!("# W_reads and in_passes are the bytes the software DMA engine moved, divided by W / input bytes.");
@@ -211,6 +281,7 @@ fn measure() {
 
 fn main() {
     plan_table();
+    hvx_float_model();
     if !std::env::args().any(|a| a == "--quick") {
         measure();
     }

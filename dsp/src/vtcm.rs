@@ -9,7 +9,8 @@
 //! [`crate::rt::limits`]):
 //! - device skel: `HAP_compute_res_acquire` with a VTCM request, released
 //!   when the session closes (symbols resolved by the DSP's loader;
-//!   prototypes from the SDK's `HAP_compute_res.h`, compile-checked only);
+//!   prototypes from the SDK's `HAP_compute_res.h`; natively the FastRPC
+//!   stand-in defines them, so this path runs in its tests);
 //! - simulator build: the `.vtcm` section of linker/hexagon-sim.x (qemu has
 //!   no VTCM; this is ordinary memory outside the heap), one session at a
 //!   time;
@@ -74,9 +75,9 @@ impl VtcmRegion {
     pub fn for_session(bytes: usize) -> Option<VtcmRegion> {
         #[cfg(all(target_arch = "hexagon", feature = "sim"))]
         return section::take(bytes);
-        #[cfg(all(target_arch = "hexagon", not(feature = "sim")))]
+        #[cfg(hexlora_hap)]
         return compute_res::acquire(bytes);
-        #[cfg(not(target_arch = "hexagon"))]
+        #[cfg(not(any(hexlora_hap, all(target_arch = "hexagon", feature = "sim"))))]
         return VtcmRegion::new(bytes);
     }
 
@@ -100,7 +101,7 @@ impl Drop for VtcmRegion {
             Source::Heap(layout) => unsafe { dealloc(self.ptr.as_ptr(), layout) },
             #[cfg(all(target_arch = "hexagon", feature = "sim"))]
             Source::Section => section::give_back(),
-            #[cfg(all(target_arch = "hexagon", not(feature = "sim")))]
+            #[cfg(hexlora_hap)]
             Source::ComputeRes(ctx) => compute_res::release(ctx),
             #[allow(unreachable_patterns)]
             _ => {}
@@ -139,7 +140,7 @@ mod section {
     }
 }
 
-#[cfg(all(target_arch = "hexagon", not(feature = "sim")))]
+#[cfg(hexlora_hap)]
 mod compute_res {
     use super::{NonNull, Source, VtcmRegion};
     use core::ffi::c_void;

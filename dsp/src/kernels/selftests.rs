@@ -4,6 +4,9 @@
 use super::testbed::{digest, first_violation, fp16_weight, q8_weight, reference, Bench, Rng};
 use super::plan::VTCM_BUFFERS;
 use super::{Direction, KernelError, Plan, ResidentWeight, WeightData};
+use crate::tile::hvx_float::HvxFloatTiles;
+use crate::tile::hvx_model::Model;
+use crate::tile::{DeviceTiles, TileEngine};
 use crate::vtcm::VTCM_ALIGN;
 use crate::selftest::{TestFailure, TestResult};
 use crate::{check, check_eq};
@@ -17,9 +20,20 @@ const TEST_VTCM: usize = 1 << 20;
 
 /// Runs `dir` on random input and checks every element against the bound.
 fn check_against_reference(w: &ResidentWeight<'_>, dir: Direction, tokens: usize, seed: u64) -> TestResult {
+    check_against_reference_on(&mut Bench::new(TEST_VTCM), w, dir, tokens, seed)
+}
+
+/// [`check_against_reference`] on a given bench (tile engine).
+fn check_against_reference_on<T: TileEngine>(
+    bench: &mut Bench<T>,
+    w: &ResidentWeight<'_>,
+    dir: Direction,
+    tokens: usize,
+    seed: u64,
+) -> TestResult {
     let d = if dir == Direction::Forward { w.cols() } else { w.rows() };
     let input = Rng(seed).vec(tokens * d, 3.0);
-    let (got, stats) = Bench::new(TEST_VTCM).run(w, dir, tokens, &input).map_err(fail)?;
+    let (got, stats) = bench.run(w, dir, tokens, &input).map_err(fail)?;
     let (y, bound) = reference(w, dir, tokens, &input);
     check!(first_violation(&got, &y, &bound).is_none(), "{:?}", first_violation(&got, &y, &bound));
     check_eq!(stats.rows_retried, 0);
@@ -271,16 +285,20 @@ fn w_is_dmad_once_per_direction_for_many_token_chunks() -> TestResult {
 /// come out of the native build and the Hexagon build under qemu: this is the
 /// cross-build bit-identity check. If a deliberate numerical change moves it,
 /// update it here (both builds run this same test).
-pub const KERNEL_DIGEST: u64 = 12701074449701825951;
+pub const KERNEL_DIGEST: u64 = 1168067573695224474;
 
 /// The digest of [`KERNEL_DIGEST`]'s fixed workload.
 pub fn kernel_digest() -> Result<u64, KernelError> {
+    kernel_digest_on(&mut Bench::new(TEST_VTCM))
+}
+
+/// [`kernel_digest`] on a given bench (tile engine).
+fn kernel_digest_on<T: TileEngine>(bench: &mut Bench<T>) -> Result<u64, KernelError> {
     let (rows, cols, tokens) = (48, 96, 40);
     let w16 = fp16_weight(&mut Rng(20), rows, cols, 0.7);
     let wq = q8_weight(&mut Rng(21), rows, cols, 0.7);
     let fp16 = ResidentWeight::fp16(&w16, rows, cols)?;
     let q8 = ResidentWeight::q8_0(&wq, rows, cols)?;
-    let mut bench = Bench::new(TEST_VTCM);
     let mut h = 0xcbf2_9ce4_8422_2325;
     for w in [&fp16, &q8] {
         for (dir, d) in [(Direction::Forward, cols), (Direction::InputGrad, rows)] {
@@ -298,6 +316,34 @@ fn kernel_outputs_match_committed_digest() -> TestResult {
     Ok(())
 }
 
+/// The HVX float engine (over the instruction models) and this build's
+/// device engine run the four kernels to the same committed digest: the
+/// whole kernel path is bit-identical whichever engine does the tiles.
+fn hvx_float_and_device_engines_give_the_committed_digest() -> TestResult {
+    let model = kernel_digest_on(&mut Bench::with_tiles(TEST_VTCM, HvxFloatTiles::<Model>::new())).map_err(fail)?;
+    check_eq!(model, KERNEL_DIGEST);
+    let device = kernel_digest_on(&mut Bench::with_tiles(TEST_VTCM, DeviceTiles::new())).map_err(fail)?;
+    check_eq!(device, KERNEL_DIGEST);
+    Ok(())
+}
+
+/// The padded FP16 and Q8_0 fixtures of the tests above, forward and
+/// input-gradient, on the HVX float engine over the instruction models,
+/// against the f64 reference.
+fn hvx_float_engine_matches_f64_reference_on_kernel_fixtures() -> TestResult {
+    let mut bench = Bench::with_tiles(TEST_VTCM, HvxFloatTiles::<Model>::new());
+    let w16 = fp16_weight(&mut Rng(1), 50, 70, 0.5);
+    let w = ResidentWeight::fp16(&w16, 50, 70).map_err(fail)?;
+    check_against_reference_on(&mut bench, &w, Direction::Forward, 45, 2)?;
+    check_against_reference_on(&mut bench, &w, Direction::InputGrad, 45, 4)?;
+    let wq = q8_weight(&mut Rng(5), 50, 96, 0.5);
+    let w = ResidentWeight::q8_0(&wq, 50, 96).map_err(fail)?;
+    check_against_reference_on(&mut bench, &w, Direction::Forward, 45, 6)?;
+    check_against_reference_on(&mut bench, &w, Direction::InputGrad, 45, 8)?;
+    check!(bench.tiles.tiles() > 0);
+    Ok(())
+}
+
 crate::selftests!(
     fp16_forward_matches_f64_reference_with_padding,
     fp16_input_grad_matches_f64_reference_with_padding,
@@ -312,5 +358,7 @@ crate::selftests!(
     overflowing_row_is_retried_and_exact,
     retries_are_bounded_at_three,
     kernel_outputs_match_committed_digest,
+    hvx_float_and_device_engines_give_the_committed_digest,
+    hvx_float_engine_matches_f64_reference_on_kernel_fixtures,
     w_is_dmad_once_per_direction_for_many_token_chunks,
 );

@@ -5,6 +5,7 @@
 use super::{project, Direction, Engines, KernelError, Precision, ResidentWeight, RunStats, WeightData};
 use crate::dma::software::SoftwareDma;
 use crate::tile::software::SoftwareTiles;
+use crate::tile::TileEngine;
 use crate::vtcm::VtcmRegion;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -35,22 +36,30 @@ impl Rng {
     }
 }
 
-/// Software engines and a VTCM region.
-pub struct Bench {
+/// Software DMA, a tile engine (the software one unless given) and a VTCM
+/// region.
+pub struct Bench<T: TileEngine = SoftwareTiles> {
     /// DMA engine.
     pub dma: SoftwareDma,
     /// Tile engine.
-    pub tiles: SoftwareTiles,
+    pub tiles: T,
     /// VTCM stand-in.
     pub vtcm: VtcmRegion,
 }
 
 impl Bench {
-    /// A bench with `vtcm_bytes` of VTCM.
+    /// A bench with `vtcm_bytes` of VTCM and the software tile engine.
     pub fn new(vtcm_bytes: usize) -> Bench {
+        Bench::with_tiles(vtcm_bytes, SoftwareTiles::new())
+    }
+}
+
+impl<T: TileEngine> Bench<T> {
+    /// A bench with `vtcm_bytes` of VTCM and the tile engine `tiles`.
+    pub fn with_tiles(vtcm_bytes: usize, tiles: T) -> Bench<T> {
         Bench {
             dma: SoftwareDma::new(),
-            tiles: SoftwareTiles::new(),
+            tiles,
             vtcm: VtcmRegion::new(vtcm_bytes).expect("heap too small for the VTCM stand-in"),
         }
     }

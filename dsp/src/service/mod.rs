@@ -31,7 +31,7 @@ use crate::kernels::{self, Engines, KernelError, ResidentWeight, RunStats};
 use crate::kernels::WeightData;
 use crate::rt::limits;
 use crate::skel::{Mapping, SharedBuffers};
-use crate::tile::software::SoftwareTiles;
+use crate::tile::DeviceTiles;
 use crate::vtcm::VtcmRegion;
 use half::f16;
 use hexlora_proto::protocol::{
@@ -88,14 +88,14 @@ pub struct ProjectionService {
     mapping: Option<Mapping>,
     resident: heapless::Vec<Resident, MAX_PROJECTIONS>,
     vtcm: VtcmRegion,
-    tiles: SoftwareTiles,
+    tiles: DeviceTiles,
     arch: u16,
 }
 
 impl ProjectionService {
     /// A service over `vtcm` (see [`VtcmRegion::for_session`]).
     pub fn new(vtcm: VtcmRegion) -> ProjectionService {
-        ProjectionService { mapping: None, resident: heapless::Vec::new(), vtcm, tiles: SoftwareTiles::new(), arch: build_arch() }
+        ProjectionService { mapping: None, resident: heapless::Vec::new(), vtcm, tiles: DeviceTiles::default(), arch: build_arch() }
     }
 
     /// Takes the session's weights mapping; a session maps once.

@@ -10,8 +10,11 @@
 //! host's word there: a host that lies faults its own protection domain
 //! only.
 //!
-//! Everywhere else (native tests, the in-process transport, the FastRPC
-//! stand-in of `dsp/fastrpc-standin`) a small table plays the DSP's part:
+//! The FastRPC stand-in (`dsp/fastrpc-standin`, feature `hap`) builds this
+//! same device path natively and defines the two symbols itself.
+//!
+//! Everywhere else (native tests, the in-process transport, the simulator)
+//! a small table plays the DSP's part:
 //! whoever maps memory [`register`]s `(fd, pointer, length)`, and `get`
 //! checks the requested range against the registered one.
 use super::abi::RemoteBuf;
@@ -29,7 +32,7 @@ pub fn put(fd: i32) {
     imp::put(fd)
 }
 
-#[cfg(all(target_arch = "hexagon", not(feature = "sim")))]
+#[cfg(hexlora_hap)]
 mod imp {
     use super::{RemoteBuf, AEE_EBADPARM};
     use core::ffi::c_void;
@@ -61,7 +64,7 @@ mod imp {
     }
 }
 
-#[cfg(not(all(target_arch = "hexagon", not(feature = "sim"))))]
+#[cfg(not(hexlora_hap))]
 mod imp {
     use super::{RemoteBuf, AEE_EBADPARM};
     use spinning_top::Spinlock;
@@ -93,19 +96,26 @@ mod imp {
 }
 
 /// Registers `len` bytes at `addr` as the mapping of `fd` (replacing an
-/// earlier one); `false` when the table is full. Not on a device, where
-/// `fastrpc_mmap` does this.
+/// earlier one); `false` when the table is full, and always on builds over
+/// the HAP runtime, where the host's `fastrpc_mmap` does this.
 ///
 /// # Safety
 /// The memory must stay valid for reads until [`unregister`] and until every
 /// session that mapped it has closed.
-#[cfg(not(all(target_arch = "hexagon", not(feature = "sim"))))]
 pub unsafe fn register(fd: i32, addr: *const u8, len: usize) -> bool {
-    imp::register(fd, addr as usize, len)
+    #[cfg(not(hexlora_hap))]
+    return imp::register(fd, addr as usize, len);
+    #[cfg(hexlora_hap)]
+    {
+        let _ = (fd, addr, len);
+        false
+    }
 }
 
-/// Forgets `fd`'s mapping (`fastrpc_munmap`). Not on a device.
-#[cfg(not(all(target_arch = "hexagon", not(feature = "sim"))))]
+/// Forgets `fd`'s mapping (`fastrpc_munmap`); nothing on HAP builds.
 pub fn unregister(fd: i32) {
-    imp::unregister(fd)
+    #[cfg(not(hexlora_hap))]
+    imp::unregister(fd);
+    #[cfg(hexlora_hap)]
+    let _ = fd;
 }

@@ -1,11 +1,14 @@
 //! The software tile engine.
 //!
 //! Each product `a * w` of two f16 values is exact in f32 (11 + 11
-//! significant bits), and every output element sums its products in f32 in a
-//! fixed order: reduction index 0..32 within a tile, tiles in the order the
-//! kernel issues them. That order, plain IEEE f32 adds (Rust never fuses
-//! them) and no reassociation make results bit-identical on every host and
-//! under qemu-hexagon.
+//! significant bits), and every output element sums its products in f32 in
+//! the fixed order of the tile module docs ([`super`]): within a tile an
+//! even chain (reduction steps 0, 2, .., 30 on top of the accumulator) and
+//! an odd chain (1, 3, .., 31 from +0), then their sum; tiles in the order
+//! the kernel issues them. That order, plain IEEE f32 adds (Rust never fuses
+//! them) and no reassociation make results bit-identical on every host,
+//! under qemu-hexagon, and with the HVX float engine, whose schedule yields
+//! the same order.
 //!
 //! How this differs from a real HMX: HMX sums a tile's 32 products in its own
 //! wider internal accumulator (not IEEE f32, with its own rounding and
@@ -47,12 +50,20 @@ impl TileEngine for SoftwareTiles {
         let w = widen_weight(weight);
         for m in 0..TILE_DIM {
             let row = &mut acc[m * TILE_DIM..(m + 1) * TILE_DIM];
-            for i in 0..TILE_DIM {
-                let a = act[m * TILE_DIM + i].to_f32();
-                let wi = &w[i * TILE_DIM..(i + 1) * TILE_DIM];
-                for (o, &x) in row.iter_mut().zip(wi) {
-                    *o += a * x;
+            let mut even = [0f32; TILE_DIM];
+            even.copy_from_slice(row);
+            let mut odd = [0f32; TILE_DIM];
+            for r in 0..TILE_DIM / 2 {
+                let (i0, i1) = (2 * r, 2 * r + 1);
+                let (a0, a1) = (act[m * TILE_DIM + i0].to_f32(), act[m * TILE_DIM + i1].to_f32());
+                let (w0, w1) = (&w[i0 * TILE_DIM..][..TILE_DIM], &w[i1 * TILE_DIM..][..TILE_DIM]);
+                for j in 0..TILE_DIM {
+                    even[j] += a0 * w0[j];
+                    odd[j] += a1 * w1[j];
                 }
+            }
+            for j in 0..TILE_DIM {
+                row[j] = even[j] + odd[j];
             }
         }
     }

@@ -136,6 +136,8 @@ struct StepRuntime {
     pause_before_s: f64,
     dsp_calls: u64,
     cpu_calls: u64,
+    /// Token rows the DSP was sent (all ops of the step).
+    rows_sent: u64,
     row_retries: u64,
     energy_j: Option<f64>,
 }
@@ -234,8 +236,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(why) => Err(why),
     };
     let retries = || match &side {
-        DspSide::Npu { client, .. } => client.row_retries(),
-        DspSide::Cpu => 0,
+        DspSide::Npu { client, .. } => (client.row_retries(), client.rows_sent()),
+        DspSide::Cpu => (0, 0),
     };
 
     let (last_pause, step_start_j) = (Cell::new(0.0f64), Cell::new(None::<f64>));
@@ -278,7 +280,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             pause_before_s: last_pause.get(),
             dsp_calls: c.dsp_calls,
             cpu_calls: c.cpu_calls,
-            row_retries: retries() - last_retries.get(),
+            row_retries: retries().0 - last_retries.get().0,
+            rows_sent: retries().1 - last_retries.get().1,
             energy_j,
         };
         if let Err(e) = append_line(&runtime_path, &serde_json::to_string(&rt).expect("serialises")) {
@@ -343,6 +346,10 @@ impl Report<'_> {
         }
         let retries: Vec<String> = self.steps_here.iter().map(|r| r.row_retries.to_string()).collect();
         s += &format!("row retries per step: [{}]\n", retries.join(", "));
+        let (retried, sent) = (self.steps_here.iter().map(|r| r.row_retries).sum::<u64>(), self.steps_here.iter().map(|r| r.rows_sent).sum::<u64>());
+        if sent > 0 {
+            s += &format!("row retries per 1,000 rows: {:.3} ({retried} over {sent} rows sent to the DSP)\n", 1000.0 * retried as f64 / sent as f64);
+        }
         let tokens: u64 = self.state.history.iter().rev().take(self.steps_here.len()).map(|r| r.tokens).sum();
         if total > 0.0 {
             s += &format!("throughput: {:.1} tok/s over {tokens} tokens\n", tokens as f64 / total);

@@ -92,6 +92,8 @@ pub struct NpuStats {
     pub restarts: u64,
     /// Time from posting requests to having their responses.
     pub in_flight: Duration,
+    /// Token rows sent in ops (each op's `tokens`).
+    pub rows_sent: u64,
     /// Rows the service re-ran with a smaller scale (from result messages).
     pub row_retries: u64,
     /// Rows that still overflowed and were recomputed on the CPU.
@@ -103,6 +105,7 @@ struct Counters {
     requests: AtomicU64,
     restarts: AtomicU64,
     in_flight_ns: AtomicU64,
+    rows_sent: AtomicU64,
     row_retries: AtomicU64,
     rows_failed: AtomicU64,
     f16_bytes: AtomicU64,
@@ -209,6 +212,11 @@ impl NpuClient {
         self.counters.row_retries.load(Ordering::Relaxed)
     }
 
+    /// Token rows sent in ops so far.
+    pub fn rows_sent(&self) -> u64 {
+        self.counters.rows_sent.load(Ordering::Relaxed)
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> NpuStats {
         let c = &self.counters;
@@ -216,6 +224,7 @@ impl NpuClient {
             requests: c.requests.load(Ordering::Relaxed),
             restarts: c.restarts.load(Ordering::Relaxed),
             in_flight: Duration::from_nanos(c.in_flight_ns.load(Ordering::Relaxed)),
+            rows_sent: c.rows_sent.load(Ordering::Relaxed),
             row_retries: c.row_retries.load(Ordering::Relaxed),
             rows_failed: c.rows_failed.load(Ordering::Relaxed),
         }
@@ -266,6 +275,7 @@ impl NpuClient {
             Response::Op(r) if r.seq == op.seq => r,
             other => return Err(response_error(&p.info().name, other)),
         };
+        self.counters.rows_sent.fetch_add(tokens as u64, Ordering::Relaxed);
         self.counters.row_retries.fetch_add(result.rows_retried as u64, Ordering::Relaxed);
         let failed = match result.status {
             Status::Ok => 0,
