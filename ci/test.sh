@@ -16,6 +16,10 @@ echo "== Hexagon projection service (the simulator transport tests below need it
 HEXLORA_SIM_SERVICE=$(bash ci/sim-test.sh --build-service | tail -n 1)
 export HEXLORA_SIM_SERVICE
 
+echo "== FastRPC stand-in (the FastRPC transport tests below need it)"
+HEXLORA_FASTRPC_LIB=$(bash ci/fastrpc-standin.sh | tail -n 1)
+export HEXLORA_FASTRPC_LIB
+
 echo "== native tests"
 cargo test --workspace
 

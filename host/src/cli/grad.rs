@@ -38,6 +38,8 @@ pub enum Backend {
     Dsp,
     /// The Hexagon firmware under qemu-hexagon (needs HEXLORA_SIM_SERVICE or --sim-service).
     DspSim,
+    /// The skel through FastRPC: libcdsprpc.so on a device, or the stand-in HEXLORA_FASTRPC_LIB names.
+    DspFastrpc,
 }
 
 /// Arguments of `hexlora grad`.
@@ -99,6 +101,7 @@ fn open_model(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<Box<dyn Trainabl
         Backend::Cpu => return Ok(open_with(ckpt, &cpu_projection)?),
         Backend::Dsp => TransportKind::InProcess,
         Backend::DspSim => TransportKind::Simulator,
+        Backend::DspFastrpc => TransportKind::FastRpc,
     };
     let policy = PrecisionPolicy::parse(&args.precision)?;
     let options = NpuOptions { sim_service: args.sim_service.clone(), ..NpuOptions::default() };

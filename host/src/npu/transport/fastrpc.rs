@@ -1,5 +1,8 @@
-//! A real DSP through FastRPC (feature `fastrpc`). COMPILE-CHECKED ONLY:
-//! this machine has no Snapdragon device, so nothing here has run.
+//! A real DSP through FastRPC (feature `fastrpc`, on by default). No
+//! Snapdragon device has run it. The tests run it end to end against
+//! `dsp/fastrpc-standin` (`HEXLORA_FASTRPC_LIB`), a native stand-in for
+//! `libcdsprpc.so` that serves the skel in-process; see that crate for
+//! what only a phone can check.
 //!
 //! As llama.cpp's Hexagon backend does, `libcdsprpc.so` is loaded at run
 //! time (libloading) rather than linked, so a host binary built with the
@@ -20,7 +23,10 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::time::Duration;
 
 /// The FastRPC library on a device.
-const LIBRARY_ENV_DEFAULT: &str = "libcdsprpc.so";
+const LIBRARY_DEFAULT: &str = "libcdsprpc.so";
+/// Names another FastRPC library: the tests' stand-in
+/// (`ci/fastrpc-standin.sh` builds it).
+pub const LIBRARY_ENV: &str = "HEXLORA_FASTRPC_LIB";
 
 /// The skel's URI on the compute DSP.
 const URI: &str = "file:///libhexlora_skel.so?hexlora_skel_handle_invoke&_modver=1.0&_dom=cdsp";
@@ -75,7 +81,8 @@ impl FastRpc {
     /// Loads libcdsprpc.so, allocates the region in rpcmem, maps it into
     /// the DSP and opens the skel.
     pub fn new(layout: Layout) -> Result<FastRpc> {
-        FastRpc::with_library(layout, std::path::Path::new(LIBRARY_ENV_DEFAULT))
+        let lib = std::env::var_os(LIBRARY_ENV).unwrap_or_else(|| LIBRARY_DEFAULT.into());
+        FastRpc::with_library(layout, std::path::Path::new(&lib))
     }
 
     /// [`FastRpc::new`] over the FastRPC library at `path` (the device's
