@@ -58,7 +58,7 @@ impl Mapping {
 }
 
 /// Whether two host buffers share a byte (zero-length buffers share none).
-fn aliases(a: &RemoteBuf, b: &RemoteBuf) -> bool {
+pub fn aliases(a: &RemoteBuf, b: &RemoteBuf) -> bool {
     let (a0, b0) = (a.pv as usize, b.pv as usize);
     a.len > 0 && b.len > 0 && a0 < b0.saturating_add(b.len) && b0 < a0.saturating_add(a.len)
 }

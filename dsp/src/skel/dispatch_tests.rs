@@ -263,6 +263,15 @@ fn bad_invocations_fail_the_transport() -> TestResult {
         check_eq!(invoke(&table, 99, Scalars::make(METHOD_CALL, 1, 1).0, args.as_mut_ptr()), AEE_EBADPARM);
         check_eq!(invoke(&table, handle, Scalars::make(METHOD_CALL, 1, 1).0, core::ptr::null_mut()), AEE_EBADPARM);
     }
+    // A null URI or handle buffer (found by fuzz/skel_invoke) is refused.
+    let mut h = [0u8; 8];
+    let mut args = [RemoteArg { buf: RemoteBuf { pv: core::ptr::null_mut(), len: 9 } }, buf(&mut h)];
+    // SAFETY: 1 in (null, refused before use), 1 out buffer.
+    check_eq!(unsafe { invoke(&table, 0, Scalars::make(METHOD_OPEN, 1, 1).0, args.as_mut_ptr()) }, AEE_EBADPARM);
+    let mut uri = *b"file:///libhexlora_skel.so\0";
+    let mut args = [buf(&mut uri), RemoteArg { buf: RemoteBuf { pv: core::ptr::null_mut(), len: 8 } }];
+    // SAFETY: as above.
+    check_eq!(unsafe { invoke(&table, 0, Scalars::make(METHOD_OPEN, 1, 1).0, args.as_mut_ptr()) }, AEE_EBADPARM);
     // Both session slots in use: the third open is refused.
     check_eq!(open(&table)?, 2);
     check!(open(&table).is_err());
@@ -344,8 +353,123 @@ fn projection_service_serves_through_invoke() -> TestResult {
     Ok(())
 }
 
+/// xorshift64*: the pseudo-random source of the invocation fuzz below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A request that mostly makes sense: loads and ops with random shapes and
+/// references, or random bytes.
+fn random_request(rng: &mut Rng, buf: &mut [u8; MAX_MESSAGE_BYTES]) -> usize {
+    let r = |rng: &mut Rng| {
+        let buffer = 1 + rng.below(4) as u32;
+        BufferRef { buffer, offset: rng.below(9000), len: rng.below(9000) }
+    };
+    let request = match rng.below(4) {
+        0 => Request::LoadWeights(LoadWeights {
+            projection: rng.below(3) as u32,
+            precision: if rng.below(2) == 0 { Precision::Fp16 } else { Precision::Q8_0 },
+            shape: WeightShape { rows: 1 + rng.below(8) as u32, cols: 32 * (1 + rng.below(2) as u32) },
+            weights: r(rng),
+        }),
+        1 | 2 => Request::Project(ProjectionOp {
+            seq: rng.next() as u32,
+            projection: rng.below(3) as u32,
+            direction: if rng.below(2) == 0 { Direction::Forward } else { Direction::InputGrad },
+            tokens: rng.below(5) as u32,
+            input: r(rng),
+            output: r(rng),
+        }),
+        _ => {
+            let n = rng.below(MAX_MESSAGE_BYTES as u64 + 8) as usize;
+            let n = n.min(MAX_MESSAGE_BYTES);
+            buf[..n].iter_mut().for_each(|b| *b = rng.next() as u8);
+            return n;
+        }
+    };
+    encode(&request, buf).map(|b| b.len()).unwrap_or(0)
+}
+
+/// Arbitrary invocations of the real service's entry point, the way a
+/// hostile or broken host could make them: random methods and argument
+/// counts, buffers that are null, empty, overlapping each other or the
+/// weights mapping, requests with references anywhere. Every one returns a
+/// status (the harness would abort on a panic), and both accepted and
+/// refused calls occur. (A smaller-scale sibling of
+/// fuzz/fuzz_targets/skel_invoke.rs, run here natively and under qemu.)
+fn random_invocations_never_panic() -> TestResult {
+    use crate::service::ProjectionService;
+    let table: Spinlock<Sessions<ProjectionService, 1>> = Spinlock::new(Sessions::new());
+    let mut arena = alloc::vec![0u32; 4096];
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    arena.iter_mut().for_each(|w| *w = (rng.next() as u32) & 0x3bff_3bff); // finite f16 pairs
+    let base = arena.as_mut_ptr().cast::<u8>();
+    let bytes = arena.len() * 4;
+    // SAFETY: the arena outlives the session (closed below).
+    check!(unsafe { mmap::register(77, base, bytes) });
+    let mut uri = *b"file:///libhexlora_skel.so\0";
+    let mut h = [0u8; 8];
+    let mut args = [buf(&mut uri), buf(&mut h)];
+    // SAFETY: 1 in, 1 out buffer.
+    check_eq!(unsafe { invoke(&table, 0, Scalars::make(METHOD_OPEN, 1, 1).0, args.as_mut_ptr()) }, AEE_SUCCESS);
+    let handle = u64::from_le_bytes(h);
+    let (mut accepted, mut refused) = (0u32, 0u32);
+    for i in 0..400 {
+        let mut req = [0u8; MAX_MESSAGE_BYTES];
+        let req_len = random_request(&mut rng, &mut req);
+        let mut resp = [0u8; RESPONSE_BUF_BYTES];
+        let mut map = map_arg(77, rng.below(64) as usize * 4, rng.below(bytes as u64 + 64) as usize);
+        let method = [METHOD_CALL, METHOD_CALL, METHOD_CALL, METHOD_MAP, METHOD_CLOSE, 9][rng.below(6) as usize];
+        let method = if i == 0 { METHOD_MAP } else { method };
+        let (ins, outs) = (rng.below(4) as usize, rng.below(4) as usize);
+        let mut list: heapless::Vec<RemoteArg, 8> = heapless::Vec::new();
+        for k in 0..ins + outs {
+            let arg = match (k, method) {
+                (0, METHOD_MAP) => buf(&mut map),
+                (0, _) => buf(&mut req[..req_len]),
+                _ if k == ins && rng.below(4) != 0 => buf(&mut resp),
+                _ => match rng.below(8) {
+                    0 => RemoteArg { buf: RemoteBuf { pv: core::ptr::null_mut(), len: rng.below(64) as usize } },
+                    _ => {
+                        let off = rng.below(bytes as u64) as usize & !3;
+                        let len = rng.below((bytes - off) as u64 + 1) as usize;
+                        RemoteArg { buf: RemoteBuf { pv: base.wrapping_add(off).cast(), len } }
+                    }
+                },
+            };
+            let _ = list.push(arg);
+        }
+        let sc = Scalars::make(method, ins as u32, outs as u32).0;
+        let handle = if rng.below(16) == 0 { rng.next() } else { handle };
+        // SAFETY: every non-null buffer lies in `arena` or a live local.
+        let code = unsafe { invoke(&table, handle, sc, list.as_mut_ptr()) };
+        if method == METHOD_CLOSE && code == AEE_SUCCESS {
+            // Re-open so the run goes on against a live session.
+            let mut args = [buf(&mut uri), buf(&mut h)];
+            // SAFETY: 1 in, 1 out buffer.
+            check_eq!(unsafe { invoke(&table, 0, Scalars::make(METHOD_OPEN, 1, 1).0, args.as_mut_ptr()) }, AEE_SUCCESS);
+        }
+        if code == AEE_SUCCESS { accepted += 1 } else { refused += 1 }
+    }
+    check!(accepted > 20 && refused > 20, "accepted {} refused {}", accepted, refused);
+    check_eq!(close_session(&table, u64::from_le_bytes(h)), AEE_SUCCESS);
+    mmap::unregister(77);
+    Ok(())
+}
+
 crate::selftests!(
     scalars_pack_like_remote_h,
+    random_invocations_never_panic,
     open_call_close,
     bad_requests_get_error_responses,
     bad_invocations_fail_the_transport,

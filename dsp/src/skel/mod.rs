@@ -180,17 +180,23 @@ unsafe fn open<S: Service, const N: usize>(sessions: &mut Sessions<S, N>, ins: &
     let (Some(uri), Some(out)) = (ins.last(), outs.first()) else {
         return AEE_EBADPARM;
     };
-    if out.len < 8 {
+    if out.len < 8 || out.pv.is_null() || (uri.pv.is_null() && uri.len > 0) {
         return AEE_EBADPARM;
+    }
+    if uri.len == 0 {
+        return sessions.open(&[]).map_or_else(|code| code, |h| write_handle(out, h));
     }
     let uri = core::slice::from_raw_parts(uri.pv as *const u8, uri.len);
     match sessions.open(uri) {
-        Ok(handle) => {
-            core::ptr::copy_nonoverlapping(handle.to_le_bytes().as_ptr(), out.pv as *mut u8, 8);
-            AEE_SUCCESS
-        }
+        Ok(handle) => write_handle(out, handle),
         Err(code) => code,
     }
+}
+
+/// Writes a new session's handle into out-buf 0 (8 bytes, checked).
+unsafe fn write_handle(out: &RemoteBuf, handle: u64) -> i32 {
+    core::ptr::copy_nonoverlapping(handle.to_le_bytes().as_ptr(), out.pv as *mut u8, 8);
+    AEE_SUCCESS
 }
 
 /// Opens a session outside `invoke` (the IDL's `hexlora_open`).
@@ -243,6 +249,12 @@ unsafe fn call<S: Service>(service: &mut S, ins: &[RemoteBuf], outs: &[RemoteBuf
         return AEE_EBADPARM;
     };
     if resp.len < RESPONSE_BUF_BYTES || req.pv.is_null() || resp.pv.is_null() {
+        return AEE_EBADPARM;
+    }
+    // The response buffer is written too: it may share no byte with any
+    // other buffer of the call or with the weights mapping.
+    let mapped = service.mapping().map(Mapping::buf);
+    if ins.iter().chain(&outs[1..]).chain(mapped.as_ref()).any(|b| buffers::aliases(resp, b)) {
         return AEE_EBADPARM;
     }
     let Some(mut shared) = SharedBuffers::new(&ins[1..], &outs[1..], service.mapping()) else {
