@@ -281,8 +281,9 @@ impl NpuClient {
             Status::Ok => 0,
             Status::RowsFailed { rows } => rows,
         };
-        self.counters.rows_failed.fetch_add(failed as u64, Ordering::Relaxed);
         bytemuck::cast_slice_mut(out).copy_from_slice(s.transport.region().read(OUTPUT, 0, out_len)?);
+        check_answer(&p.info().name, &result, tokens, out)?;
+        self.counters.rows_failed.fetch_add(failed as u64, Ordering::Relaxed);
         Ok(failed)
     }
 
@@ -449,4 +450,50 @@ fn fastrpc(layout: Layout) -> Result<Box<dyn Transport>> {
 #[cfg(not(feature = "fastrpc"))]
 fn fastrpc(_layout: Layout) -> Result<Box<dyn Transport>> {
     Err(Error::Unsupported("the FastRPC transport: this hexlora was built without the `fastrpc` feature".into()))
+}
+
+/// The host's check of a DSP answer: the service is trusted to compute, not
+/// to be right about its own bookkeeping. Failed rows at most `tokens`,
+/// retries at most [`MAX_RETRIES`] per row, and an `Ok` output finite
+/// everywhere (failed rows are NaN by contract and recomputed by the
+/// caller).
+fn check_answer(name: &str, result: &proto::OpResult, tokens: usize, out: &[f32]) -> Result<()> {
+    let failed = match result.status {
+        Status::Ok => 0,
+        Status::RowsFailed { rows } => rows as usize,
+    };
+    let max_retries = tokens as u64 * hexlora_proto::rescale::MAX_RETRIES as u64;
+    if failed > tokens || result.rows_retried as u64 > max_retries {
+        return Err(Error::Npu(format!(
+            "{name}: the DSP reported {failed} failed rows and {} retries for a {tokens}-row op",
+            result.rows_retried
+        )));
+    }
+    if failed == 0 {
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            let width = out.len() / tokens.max(1);
+            return Err(Error::Npu(format!("{name}: the DSP answered Ok with a non-finite output (row {}, column {})", i / width.max(1), i % width.max(1))));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod answer_tests {
+    use super::*;
+
+    fn result(status: Status, rows_retried: u32) -> proto::OpResult {
+        proto::OpResult { seq: 1, status, rows_retried, timing: proto::Timing::default() }
+    }
+
+    #[test]
+    fn implausible_answers_are_errors() {
+        let out = [1.0f32, 2.0, 3.0, 4.0];
+        assert!(check_answer("q", &result(Status::Ok, 0), 2, &out).is_ok());
+        let err = check_answer("q", &result(Status::Ok, 0), 2, &[1.0, 2.0, f32::NAN, 4.0]).unwrap_err().to_string();
+        assert!(err.contains("q: the DSP answered Ok with a non-finite output (row 1, column 0)"), "{err}");
+        assert!(check_answer("q", &result(Status::RowsFailed { rows: 1 }, 3), 2, &[f32::NAN, f32::NAN, 3.0, 4.0]).is_ok());
+        assert!(check_answer("q", &result(Status::RowsFailed { rows: 3 }, 0), 2, &out).is_err());
+        assert!(check_answer("q", &result(Status::Ok, 7), 2, &out).is_err());
+    }
 }
