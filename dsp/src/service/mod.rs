@@ -129,7 +129,8 @@ impl ProjectionService {
             arch: self.arch,
             vtcm_bytes: u32::try_from(self.vtcm.capacity()).unwrap_or(u32::MAX),
             hvx_contexts: 1,
-            // The tile engine is the software model: no HMX is driven.
+            // No HMX is driven: the tile engine is HVX float on v68+ skels
+            // (DeviceTiles), the software model elsewhere.
             hmx: false,
             fp16: true,
             q8_0: true,
