@@ -7,7 +7,8 @@
 //! remote_arg layout of every call and the skel's exported entry points all
 //! line up. What only a phone checks is listed in that crate's docs.
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+mod support;
 
 /// The stand-in library, or None (skip with a notice) outside CI.
 fn standin() -> Option<PathBuf> {
@@ -24,21 +25,8 @@ fn standin() -> Option<PathBuf> {
 }
 
 fn grad(arch: &str, backend: &str, precision: &str, out_dir: &Path) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training").join(arch);
     let out = out_dir.join(format!("{arch}-{backend}-{precision}.safetensors"));
-    let run = Command::new(env!("CARGO_BIN_EXE_hexlora"))
-        .arg("grad")
-        .arg("--model")
-        .arg(dir.join("model"))
-        .arg("--adapter")
-        .arg(dir.join("adapter"))
-        .arg("--batch")
-        .arg(dir.join("batch.json"))
-        .arg("--out")
-        .arg(&out)
-        .args(["--backend", backend, "--precision", precision])
-        .output()
-        .unwrap();
+    let run = support::grad_command(arch, &out).args(["--backend", backend, "--precision", precision]).output().unwrap();
     let text = String::from_utf8_lossy(&run.stdout).to_string() + &String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "hexlora grad --backend {backend} on {arch} failed:\n{text}");
     assert!(text.contains(", 0 on the CPU"), "{arch} {backend}: not every projection was resident:\n{text}");
@@ -71,17 +59,7 @@ fn qwen35_fastrpc_gradients_equal_in_process_bit_for_bit() {
 #[test]
 fn missing_fastrpc_library_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama");
-    let run = Command::new(env!("CARGO_BIN_EXE_hexlora"))
-        .arg("grad")
-        .arg("--model")
-        .arg(dir.join("model"))
-        .arg("--adapter")
-        .arg(dir.join("adapter"))
-        .arg("--batch")
-        .arg(dir.join("batch.json"))
-        .arg("--out")
-        .arg(tmp.path().join("out.safetensors"))
+    let run = support::grad_command("llama", &tmp.path().join("out.safetensors"))
         .args(["--backend", "dsp-fastrpc"])
         .env("HEXLORA_FASTRPC_LIB", tmp.path().join("libcdsprpc.so"))
         .output()

@@ -28,7 +28,8 @@ use hexlora::train::grad::compute_grads;
 use hexlora::train::graph::{Batch, GraphOptions, TrainableModel};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::process::Command;
+
+mod support;
 
 /// DSP deviation allowed, in units of the weight-rounding sensitivity.
 const SENSITIVITY_FACTOR: f64 = 4.0;
@@ -40,21 +41,8 @@ fn fixture(arch: &str) -> PathBuf {
 }
 
 fn grad(arch: &str, backend: &str, precision: &str, out_dir: &Path) -> TensorFile {
-    let dir = fixture(arch);
     let out = out_dir.join(format!("{arch}-{backend}-{precision}.safetensors"));
-    let run = Command::new(env!("CARGO_BIN_EXE_hexlora"))
-        .arg("grad")
-        .arg("--model")
-        .arg(dir.join("model"))
-        .arg("--adapter")
-        .arg(dir.join("adapter"))
-        .arg("--batch")
-        .arg(dir.join("batch.json"))
-        .arg("--out")
-        .arg(&out)
-        .args(["--backend", backend, "--precision", precision])
-        .output()
-        .unwrap();
+    let run = support::grad_command(arch, &out).args(["--backend", backend, "--precision", precision]).output().unwrap();
     let text = String::from_utf8_lossy(&run.stdout).to_string() + &String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "hexlora grad --backend {backend} on {arch} failed:\n{text}");
     if backend != "cpu" {

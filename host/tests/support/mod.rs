@@ -1,5 +1,8 @@
-//! What the stage-3 tests share: where the fixtures and the real model are.
-use std::path::PathBuf;
+//! What the integration tests share: where the fixtures and the real model
+//! are, and the `hexlora grad` command line over a training fixture.
+#![allow(dead_code)] // each test crate uses its own part
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// The host crate's directory.
 pub fn root() -> PathBuf {
@@ -21,4 +24,14 @@ pub fn smollm2() -> Option<PathBuf> {
 /// The PEFT directory of fixture adapter `name` (`sotu`, `marker`).
 pub fn adapter(name: &str) -> PathBuf {
     root().join("tests/fixtures/adapters").join(name).join("adapter")
+}
+
+/// `hexlora grad` over training fixture `arch` (its model, adapter and
+/// batch.json), writing `out`; the caller adds the backend and precision.
+pub fn grad_command(arch: &str, out: &Path) -> Command {
+    let dir = root().join("tests/fixtures/training").join(arch);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hexlora"));
+    cmd.arg("grad").arg("--model").arg(dir.join("model")).arg("--adapter").arg(dir.join("adapter"));
+    cmd.arg("--batch").arg(dir.join("batch.json")).arg("--out").arg(out);
+    cmd
 }
