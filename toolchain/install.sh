@@ -12,11 +12,13 @@
 #   llvm-22                 llvm-objdump-22, which decodes v73 HVX float
 #                           (ci/hvx-float-check.sh)
 #   libclang-dev bindgen    bindgen over dsp/include/hexlora.h
+#   gcc-aarch64-linux-gnu   linker and C runtime of the phone-CPU build
+#   libc6-dev-arm64-cross   (ci/build-aarch64.sh; qemu-user runs it)
 #
 # A rustup user can skip the Debian compilers instead: see toolchain/README.md.
 set -euo pipefail
 
-packages=(rustc-web rust-web-src lld-14 llvm-14 llvm-22 libclang-dev bindgen)
+packages=(rustc-web rust-web-src lld-14 llvm-14 llvm-22 libclang-dev bindgen gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 command -v cargo >/dev/null || packages+=(cargo-web)
 
 missing=()

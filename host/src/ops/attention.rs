@@ -222,7 +222,8 @@ pub enum Products {
 }
 
 impl Products {
-    /// Whether a call with `d` runs on the bf16 path.
+    /// Whether a call with `d` runs on the bf16 path (x86 only for now).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn runs_bf16(self, d: &AttnDims) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
