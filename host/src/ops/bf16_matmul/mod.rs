@@ -40,7 +40,9 @@ mod portable;
 pub use portable::{f32_forward, f32_input_grad};
 #[cfg(target_arch = "x86_64")]
 pub mod operands;
-#[cfg(test)]
+// The speed bench times the x86 kernels (AMX, VDPBF16PS) beside the
+// portable one.
+#[cfg(all(test, target_arch = "x86_64"))]
 mod bench;
 
 /// A `[rows, cols]` matrix of bf16, row-major, no padding.
