@@ -102,6 +102,21 @@ pub struct ResidentWeight<'a> {
     max_abs: f32,
 }
 
+/// The shape check every view of a weight makes: `data` holds exactly a
+/// non-empty `(rows, cols)` weight (Q8_0: `cols` a multiple of 32).
+fn check_len(data: WeightData<'_>, rows: usize, cols: usize) -> Result<(), KernelError> {
+    match data {
+        WeightData::Fp16(w) if rows.checked_mul(cols) != Some(w.len()) || w.is_empty() => {
+            Err(KernelError::Shape("FP16 weight length is not rows * cols"))
+        }
+        WeightData::Q8_0(_) if cols % 32 != 0 || rows == 0 => Err(KernelError::Shape("Q8_0 weight columns not a multiple of 32")),
+        WeightData::Q8_0(w) if rows.checked_mul(plan::q8_row_bytes(cols)) != Some(w.len()) => {
+            Err(KernelError::Shape("Q8_0 weight length is not rows * cols / 32 * 34"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The bytes of a resident weight.
 #[derive(Clone, Copy, Debug)]
 pub enum WeightData<'a> {
@@ -114,9 +129,7 @@ pub enum WeightData<'a> {
 impl<'a> ResidentWeight<'a> {
     /// FP16 weight `(rows, cols)`; rejects a wrong length or NaN/inf values.
     pub fn fp16(data: &'a [f16], rows: usize, cols: usize) -> Result<ResidentWeight<'a>, KernelError> {
-        if rows.checked_mul(cols) != Some(data.len()) || data.is_empty() {
-            return Err(KernelError::Shape("FP16 weight length is not rows * cols"));
-        }
+        check_len(WeightData::Fp16(data), rows, cols)?;
         let mut max_abs = 0.0f32;
         for w in data {
             if !w.is_finite() {
@@ -130,12 +143,7 @@ impl<'a> ResidentWeight<'a> {
     /// Q8_0 weight `(rows, cols)`; rejects a wrong length, `cols` not a
     /// multiple of 32, or a non-finite block scale.
     pub fn q8_0(data: &'a [u8], rows: usize, cols: usize) -> Result<ResidentWeight<'a>, KernelError> {
-        if cols % 32 != 0 || rows == 0 {
-            return Err(KernelError::Shape("Q8_0 weight columns not a multiple of 32"));
-        }
-        if rows.checked_mul(plan::q8_row_bytes(cols)) != Some(data.len()) {
-            return Err(KernelError::Shape("Q8_0 weight length is not rows * cols / 32 * 34"));
-        }
+        check_len(WeightData::Q8_0(data), rows, cols)?;
         q8_0::check_scales(data).map_err(|_| KernelError::BadWeights("Q8_0 block scale is NaN or infinite"))?;
         // |d * q| <= |d| * 128 for every block: no need to read the quants.
         let max_scale = data.chunks_exact(BLOCK_BYTES).fold(0.0f32, |m, b| m.max(f16::from_le_bytes([b[0], b[1]]).to_f32().abs()));
@@ -144,19 +152,13 @@ impl<'a> ResidentWeight<'a> {
 
     /// A weight that [`ResidentWeight::fp16`] or [`ResidentWeight::q8_0`]
     /// checked earlier (and found `max_abs`), viewed again without reading
-    /// it: only its length is checked against the shape.
+    /// its values: only its length is checked against the shape.
     ///
     /// The bytes may have been changed by the host since (resident weights
     /// live in its shared memory); that can make results wrong (overflowing
     /// rows are retried, then reported), never unsafe.
     pub fn checked_earlier(data: WeightData<'a>, rows: usize, cols: usize, max_abs: f32) -> Result<ResidentWeight<'a>, KernelError> {
-        let len_ok = match data {
-            WeightData::Fp16(w) => rows.checked_mul(cols) == Some(w.len()),
-            WeightData::Q8_0(w) => cols % 32 == 0 && rows.checked_mul(plan::q8_row_bytes(cols)) == Some(w.len()),
-        };
-        if !len_ok || rows == 0 || cols == 0 {
-            return Err(KernelError::Shape("weight length is not what its shape implies"));
-        }
+        check_len(data, rows, cols)?;
         Ok(ResidentWeight { rows, cols, data, max_abs })
     }
 

@@ -181,6 +181,13 @@ fn edge_rows_zero_subnormal_and_near_fp16_max() -> TestResult {
     Ok(())
 }
 
+/// Two input rows of `cols`: row 0 all ones, row 1 a single leading one.
+fn ones_then_a_single_one(cols: usize) -> Vec<f32> {
+    let mut x = vec![1.0f32; 2 * cols];
+    x[cols + 1..].fill(0.0);
+    x
+}
+
 /// The first scale comes from the bound |x|_1 max|W|: a row whose max-based
 /// scale would overflow (64 ones at 2048 against ones sum to 131072 >= 60000)
 /// is scaled lower at once, so nothing is re-sent, and the result is exact.
@@ -188,8 +195,7 @@ fn bounded_first_scale_needs_no_retry() -> TestResult {
     let (rows, cols) = (2, 64);
     let w16 = vec![f16::ONE; rows * cols];
     let w = ResidentWeight::fp16(&w16, rows, cols).map_err(fail)?;
-    let mut x = vec![1.0f32; 2 * cols];
-    x[cols + 1..].fill(0.0);
+    let x = ones_then_a_single_one(cols);
     let (got, stats) = Bench::new(TEST_VTCM).run(&w, Direction::Forward, 2, &x).map_err(fail)?;
     check_eq!(stats.rows_retried, 0);
     check_eq!(stats.weight_passes, 1);
@@ -214,8 +220,7 @@ fn overflowing_row_is_retried_and_exact() -> TestResult {
     let w = enlarged_after_load(&tiny, &w16, rows, cols)?;
     // Row 0: all ones -> scaled to 2048 each, sum 131072 >= 60000: retry.
     // Row 1: one 1.0 -> sum 2048: fine.
-    let mut x = vec![1.0f32; 2 * cols];
-    x[cols + 1..].fill(0.0);
+    let x = ones_then_a_single_one(cols);
     let (got, stats) = Bench::new(TEST_VTCM).run(&w, Direction::Forward, 2, &x).map_err(fail)?;
     check_eq!(stats.rows_retried, 1);
     check_eq!(stats.rows_failed, 0);
@@ -232,8 +237,7 @@ fn retries_are_bounded_at_three() -> TestResult {
     let w16 = vec![f16::from_f32(65504.0); cols];
     let tiny = vec![f16::from_f32(1.0 / 16384.0); cols];
     let w = enlarged_after_load(&tiny, &w16, 1, cols)?;
-    let mut x = vec![1.0f32; 2 * cols];
-    x[cols + 1..].fill(0.0);
+    let x = ones_then_a_single_one(cols);
     let (got, stats) = Bench::new(2 * TEST_VTCM).run(&w, Direction::Forward, 2, &x).map_err(fail)?;
     // Row 0 is re-sent 3 times and fails; row 1 (a single 1.0, scaled to
     // 2048) overflows against 65504 until its second retry (2048 * 2^-16 *

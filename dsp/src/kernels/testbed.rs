@@ -25,6 +25,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// Uniform in `[0, n)` (0 for `n` = 0), up to modulo bias.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
     /// Uniform in `[-1, 1)`.
     pub fn unit(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0

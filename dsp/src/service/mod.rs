@@ -115,7 +115,7 @@ impl ProjectionService {
         };
         let answer = match request {
             Request::Capabilities => Ok(Response::Capabilities(self.capabilities())),
-            Request::LoadWeights(lw) => self.load(lw, buffers).map(Response::Done),
+            Request::LoadWeights(lw) => self.load(lw).map(Response::Done),
             Request::Unload(id) => self.unload(*id).map(Response::Done),
             Request::Project(op) => self.project(op, buffers).map(Response::Op),
         };
@@ -140,7 +140,7 @@ impl ProjectionService {
         }
     }
 
-    fn load(&mut self, lw: &LoadWeights, _buffers: &mut SharedBuffers<'_>) -> Result<ProjectionId, ServiceError> {
+    fn load(&mut self, lw: &LoadWeights) -> Result<ProjectionId, ServiceError> {
         if self.resident.iter().any(|r| r.id == lw.projection) || self.resident.is_full() {
             return Err(ServiceError::ProjectionSlot(lw.projection));
         }
@@ -195,14 +195,14 @@ impl ProjectionService {
 
 /// The view of a resident weight in the mapping, without re-reading it.
 fn resident_weight<'a>(mapping: &'a Mapping, r: &Resident) -> Result<ResidentWeight<'a>, ServiceError> {
-        let weights = BufferRef { buffer: WEIGHTS_BUFFER, offset: r.offset as u64, len: r.len as u64 };
-        let bytes = mapping.read(&weights)?;
-        let data = match r.precision {
-            Precision::Fp16 => WeightData::Fp16(fp16_view(bytes).map_err(kernel_error)?),
-            Precision::Q8_0 => WeightData::Q8_0(bytes),
-        };
-        let (rows, cols) = (r.shape.rows as usize, r.shape.cols as usize);
-        ResidentWeight::checked_earlier(data, rows, cols, r.max_abs).map_err(kernel_error)
+    let weights = BufferRef { buffer: WEIGHTS_BUFFER, offset: r.offset as u64, len: r.len as u64 };
+    let bytes = mapping.read(&weights)?;
+    let data = match r.precision {
+        Precision::Fp16 => WeightData::Fp16(fp16_view(bytes).map_err(kernel_error)?),
+        Precision::Q8_0 => WeightData::Q8_0(bytes),
+    };
+    let (rows, cols) = (r.shape.rows as usize, r.shape.cols as usize);
+    ResidentWeight::checked_earlier(data, rows, cols, r.max_abs).map_err(kernel_error)
 }
 
 /// The Hexagon user cycle counter (`UPCYCLE`); 0 on other targets. Note

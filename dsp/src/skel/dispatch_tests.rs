@@ -2,6 +2,7 @@
 //! the way the FastRPC framework calls it.
 use super::abi::{AEE_EBADPARM, AEE_ENOMEMORY, AEE_EUNSUPPORTED, AEE_SUCCESS};
 use super::*;
+use crate::kernels::testbed::Rng;
 use crate::selftest::{TestFailure, TestResult};
 use crate::{check, check_eq};
 use hexlora_proto::protocol::*;
@@ -353,21 +354,6 @@ fn projection_service_serves_through_invoke() -> TestResult {
     Ok(())
 }
 
-/// xorshift64*: the pseudo-random source of the invocation fuzz below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// A request that mostly makes sense: loads and ops with random shapes and
 /// references, or random bytes.
 fn random_request(rng: &mut Rng, buf: &mut [u8; MAX_MESSAGE_BYTES]) -> usize {
@@ -383,7 +369,7 @@ fn random_request(rng: &mut Rng, buf: &mut [u8; MAX_MESSAGE_BYTES]) -> usize {
             weights: r(rng),
         }),
         1 | 2 => Request::Project(ProjectionOp {
-            seq: rng.next() as u32,
+            seq: rng.next_u64() as u32,
             projection: rng.below(3) as u32,
             direction: if rng.below(2) == 0 { Direction::Forward } else { Direction::InputGrad },
             tokens: rng.below(5) as u32,
@@ -393,7 +379,7 @@ fn random_request(rng: &mut Rng, buf: &mut [u8; MAX_MESSAGE_BYTES]) -> usize {
         _ => {
             let n = rng.below(MAX_MESSAGE_BYTES as u64 + 8) as usize;
             let n = n.min(MAX_MESSAGE_BYTES);
-            buf[..n].iter_mut().for_each(|b| *b = rng.next() as u8);
+            buf[..n].iter_mut().for_each(|b| *b = rng.next_u64() as u8);
             return n;
         }
     };
@@ -412,7 +398,7 @@ fn random_invocations_never_panic() -> TestResult {
     let table: Spinlock<Sessions<ProjectionService, 1>> = Spinlock::new(Sessions::new());
     let mut arena = alloc::vec![0u32; 4096];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    arena.iter_mut().for_each(|w| *w = (rng.next() as u32) & 0x3bff_3bff); // finite f16 pairs
+    arena.iter_mut().for_each(|w| *w = (rng.next_u64() as u32) & 0x3bff_3bff); // finite f16 pairs
     let base = arena.as_mut_ptr().cast::<u8>();
     let bytes = arena.len() * 4;
     // SAFETY: the arena outlives the session (closed below).
@@ -450,7 +436,7 @@ fn random_invocations_never_panic() -> TestResult {
             let _ = list.push(arg);
         }
         let sc = Scalars::make(method, ins as u32, outs as u32).0;
-        let handle = if rng.below(16) == 0 { rng.next() } else { handle };
+        let handle = if rng.below(16) == 0 { rng.next_u64() } else { handle };
         // SAFETY: every non-null buffer lies in `arena` or a live local.
         let code = unsafe { invoke(&table, handle, sc, list.as_mut_ptr()) };
         if method == METHOD_CLOSE && code == AEE_SUCCESS {

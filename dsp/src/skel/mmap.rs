@@ -17,9 +17,7 @@
 //! a small table plays the DSP's part:
 //! whoever maps memory [`register`]s `(fd, pointer, length)`, and `get`
 //! checks the requested range against the registered one.
-use super::abi::RemoteBuf;
-#[allow(unused_imports)]
-use super::abi::AEE_EBADPARM;
+use super::abi::{RemoteBuf, AEE_EBADPARM};
 
 /// The DSP address of `len` bytes at `offset` in `fd`'s mapping; `Err` is
 /// an `AEE_*` code.

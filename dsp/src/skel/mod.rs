@@ -180,23 +180,29 @@ unsafe fn open<S: Service, const N: usize>(sessions: &mut Sessions<S, N>, ins: &
     let (Some(uri), Some(out)) = (ins.last(), outs.first()) else {
         return AEE_EBADPARM;
     };
-    if out.len < 8 || out.pv.is_null() || (uri.pv.is_null() && uri.len > 0) {
+    let Some(uri) = host_bytes(uri).filter(|_| out.len >= 8 && !out.pv.is_null()) else {
         return AEE_EBADPARM;
-    }
-    if uri.len == 0 {
-        return sessions.open(&[]).map_or_else(|code| code, |h| write_handle(out, h));
-    }
-    let uri = core::slice::from_raw_parts(uri.pv as *const u8, uri.len);
+    };
     match sessions.open(uri) {
-        Ok(handle) => write_handle(out, handle),
+        Ok(handle) => {
+            core::ptr::copy_nonoverlapping(handle.to_le_bytes().as_ptr(), out.pv as *mut u8, 8);
+            AEE_SUCCESS
+        }
         Err(code) => code,
     }
 }
 
-/// Writes a new session's handle into out-buf 0 (8 bytes, checked).
-unsafe fn write_handle(out: &RemoteBuf, handle: u64) -> i32 {
-    core::ptr::copy_nonoverlapping(handle.to_le_bytes().as_ptr(), out.pv as *mut u8, 8);
-    AEE_SUCCESS
+/// The bytes of a host buffer: empty for a zero length (whatever the
+/// pointer), `None` for a null pointer with a length.
+///
+/// # Safety
+/// A non-null `b` must be valid for reads of `b.len` bytes for `'a`.
+unsafe fn host_bytes<'a>(b: &RemoteBuf) -> Option<&'a [u8]> {
+    match (b.len, b.pv.is_null()) {
+        (0, _) => Some(&[]),
+        (_, true) => None,
+        (len, false) => Some(core::slice::from_raw_parts(b.pv as *const u8, len)),
+    }
 }
 
 /// Opens a session outside `invoke` (the IDL's `hexlora_open`).
@@ -210,7 +216,7 @@ pub fn close_session<S: Service, const N: usize>(sessions: &Spinlock<Sessions<S,
 }
 
 unsafe fn map<S: Service>(session: &mut Session<S>, ins: &[RemoteBuf]) -> i32 {
-    let Some(arg) = ins.first().filter(|a| a.len == MAP_ARG_BYTES && !a.pv.is_null()) else {
+    let Some(arg) = ins.first().and_then(|a| host_bytes(a)).filter(|a| a.len() == MAP_ARG_BYTES) else {
         return AEE_EBADPARM;
     };
     if session.mapped_fd.is_some() {
@@ -218,7 +224,7 @@ unsafe fn map<S: Service>(session: &mut Session<S>, ins: &[RemoteBuf]) -> i32 {
     }
     // Read once: the host may change the buffer while we look.
     let mut b = [0u8; MAP_ARG_BYTES];
-    core::ptr::copy_nonoverlapping(arg.pv as *const u8, b.as_mut_ptr(), MAP_ARG_BYTES);
+    b.copy_from_slice(arg);
     let fd = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     let offset = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
     let len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize;
@@ -263,11 +269,12 @@ unsafe fn call<S: Service>(service: &mut S, ins: &[RemoteBuf], outs: &[RemoteBuf
     // The request is decoded from a private copy: read once, so the host
     // cannot change a field between its check and its use.
     let mut copy = [0u8; MAX_MESSAGE_BYTES];
-    let Some(private) = copy.get_mut(..req.len) else {
+    let Some(bytes) = host_bytes(req).filter(|b| b.len() <= MAX_MESSAGE_BYTES) else {
         let response = Response::Error { seq: None, error: ServiceError::Malformed(DecodeError::TrailingBytes) };
         return respond(&response, resp);
     };
-    core::ptr::copy_nonoverlapping(req.pv as *const u8, private.as_mut_ptr(), req.len);
+    let private = &mut copy[..bytes.len()];
+    private.copy_from_slice(bytes);
     let response = match decode::<Request>(private) {
         Ok(request) => service.handle(&request, &mut shared),
         Err(e) => Response::Error { seq: None, error: ServiceError::Malformed(e) },

@@ -269,6 +269,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (Some(a), Some(b)) => Some(b - a),
             _ => None,
         };
+        let retried_sent = retries();
         let rt = StepRuntime {
             step: r.step,
             loss: r.loss,
@@ -280,8 +281,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             pause_before_s: last_pause.get(),
             dsp_calls: c.dsp_calls,
             cpu_calls: c.cpu_calls,
-            row_retries: retries().0 - last_retries.get().0,
-            rows_sent: retries().1 - last_retries.get().1,
+            row_retries: retried_sent.0 - last_retries.get().0,
+            rows_sent: retried_sent.1 - last_retries.get().1,
             energy_j,
         };
         if let Err(e) = append_line(&runtime_path, &serde_json::to_string(&rt).expect("serialises")) {

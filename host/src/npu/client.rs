@@ -277,12 +277,8 @@ impl NpuClient {
         };
         self.counters.rows_sent.fetch_add(tokens as u64, Ordering::Relaxed);
         self.counters.row_retries.fetch_add(result.rows_retried as u64, Ordering::Relaxed);
-        let failed = match result.status {
-            Status::Ok => 0,
-            Status::RowsFailed { rows } => rows,
-        };
         bytemuck::cast_slice_mut(out).copy_from_slice(s.transport.region().read(OUTPUT, 0, out_len)?);
-        check_answer(&p.info().name, &result, tokens, out)?;
+        let failed = check_answer(&p.info().name, &result, tokens, out)?;
         self.counters.rows_failed.fetch_add(failed as u64, Ordering::Relaxed);
         Ok(failed)
     }
@@ -456,14 +452,14 @@ fn fastrpc(_layout: Layout) -> Result<Box<dyn Transport>> {
 /// to be right about its own bookkeeping. Failed rows at most `tokens`,
 /// retries at most [`MAX_RETRIES`] per row, and an `Ok` output finite
 /// everywhere (failed rows are NaN by contract and recomputed by the
-/// caller).
-fn check_answer(name: &str, result: &proto::OpResult, tokens: usize, out: &[f32]) -> Result<()> {
+/// caller). Returns the failed rows.
+fn check_answer(name: &str, result: &proto::OpResult, tokens: usize, out: &[f32]) -> Result<u32> {
     let failed = match result.status {
         Status::Ok => 0,
-        Status::RowsFailed { rows } => rows as usize,
+        Status::RowsFailed { rows } => rows,
     };
     let max_retries = tokens as u64 * hexlora_proto::rescale::MAX_RETRIES as u64;
-    if failed > tokens || result.rows_retried as u64 > max_retries {
+    if failed as usize > tokens || result.rows_retried as u64 > max_retries {
         return Err(Error::Npu(format!(
             "{name}: the DSP reported {failed} failed rows and {} retries for a {tokens}-row op",
             result.rows_retried
@@ -475,7 +471,7 @@ fn check_answer(name: &str, result: &proto::OpResult, tokens: usize, out: &[f32]
             return Err(Error::Npu(format!("{name}: the DSP answered Ok with a non-finite output (row {}, column {})", i / width.max(1), i % width.max(1))));
         }
     }
-    Ok(())
+    Ok(failed)
 }
 
 #[cfg(test)]
