@@ -14,6 +14,9 @@
 #   libclang-dev bindgen    bindgen over dsp/include/hexlora.h
 #   gcc-aarch64-linux-gnu   linker and C runtime of the phone-CPU build
 #   libc6-dev-arm64-cross   (ci/build-aarch64.sh; qemu-user runs it)
+#   musl-dev:arm64          musl's static C runtime for aarch64 and its gcc
+#                           wrapper: the static phone binary (ci/build-
+#                           aarch64.sh --static; adds dpkg's arm64 arch)
 #
 # A rustup user can skip the Debian compilers instead: see toolchain/README.md.
 set -euo pipefail
@@ -46,4 +49,13 @@ if [ "${qemu_major:-0}" -lt 10 ]; then
     fi
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -t bookworm-backports qemu-user
+fi
+
+# musl for aarch64 (the static phone binary): Debian ships it as the arm64
+# build of musl-dev, installed beside the x86 system through multiarch.
+if ! dpkg-query -W -f='${Status}' musl-dev:arm64 2>/dev/null | grep -q "ok installed"; then
+    echo "toolchain/install.sh: installing musl-dev:arm64 (adds the arm64 architecture to dpkg)"
+    dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq musl-dev:arm64
 fi

@@ -18,7 +18,6 @@ use hexlora::model::generate::{generate, Sampling};
 use safetensors::SafeTensors;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 mod support;
 use support::{adapter, root, smollm2 as gguf_path};
@@ -73,7 +72,7 @@ fn adapter_logits_and_greedy_tokens_match_peft() {
 
 /// `hexlora generate` text (stdout, without the final newline).
 fn generate_cli(model: &Path, adapter: &Path, prompt: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_hexlora"))
+    let out = support::hexlora()
         .args(["generate", "--max-tokens", "32", "--prompt", prompt])
         .arg("--model")
         .arg(model)

@@ -3,17 +3,18 @@
 //! gives the PEFT directory's loss, logits and gradients bit for bit;
 //! `train --init-adapter FILE.gguf` starts from that adapter (its rank,
 //! alpha and targets) and refuses a directory that already holds a run.
+mod support;
 use hexlora::lora::Adapter;
 use hexlora::model::checkpoint::Checkpoint;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn fixture(p: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/llama").join(p)
 }
 
 fn hexlora(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hexlora")).args(args.iter().map(|a| a.as_ref())).output().unwrap()
+    support::hexlora().args(args.iter().map(|a| a.as_ref())).output().unwrap()
 }
 
 fn ok(out: Output) -> Output {

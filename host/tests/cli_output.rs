@@ -1,5 +1,6 @@
 //! What the `hexlora` binary does with its standard output.
-use std::process::{Command, Stdio};
+mod support;
+use std::process::Stdio;
 
 /// `hexlora ... | head` once `head` has exited: the process ends from
 /// SIGPIPE, as `cat` would, instead of panicking in `println!`.
@@ -10,7 +11,7 @@ fn closed_stdout_ends_quietly_without_a_panic() {
     // the reading end is closed before the child starts: its first write fails
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let out = Command::new(env!("CARGO_BIN_EXE_hexlora")).arg("info").stdout(writer).stderr(Stdio::piped()).output().unwrap();
+    let out = support::hexlora().arg("info").stdout(writer).stderr(Stdio::piped()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "panicked on a closed stdout: {stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "status {:?}, stderr {stderr}", out.status);

@@ -1,10 +1,11 @@
 //! The eval subcommands end to end through the binary: bench build on a
 //! hand-made fortune directory, eval on it and on a LongLaMP file, report.
+mod support;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn hexlora(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hexlora")).args(args).output().unwrap()
+    support::hexlora().args(args).output().unwrap()
 }
 
 fn ok(out: Output) -> String {

@@ -1,8 +1,8 @@
 //! ROUGE must equal Python rouge-score 0.1.2 (use_stemmer=True) on the pairs
 //! in fixtures/eval/rouge_pairs.jsonl, made by make_rouge_pairs.py.
+mod support;
 use hexlora::eval::rouge::{score_jsonl, Rouge, RougeScores};
 use std::path::PathBuf;
-use std::process::Command;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/eval").join(name)
@@ -86,7 +86,7 @@ fn score_jsonl_keeps_input_order_and_names_bad_lines() {
 
 #[test]
 fn cli_writes_one_line_per_pair() {
-    let out = Command::new(env!("CARGO_BIN_EXE_hexlora"))
+    let out = support::hexlora()
         .args(["rouge", "--pairs"])
         .arg(fixture("rouge_pairs.jsonl"))
         .output()
@@ -99,7 +99,7 @@ fn cli_writes_one_line_per_pair() {
     let keys: Vec<_> = first.as_object().unwrap().keys().cloned().collect();
     assert_eq!(keys, ["rouge1", "rouge2", "rougeL"]);
 
-    let missing = Command::new(env!("CARGO_BIN_EXE_hexlora"))
+    let missing = support::hexlora()
         .args(["rouge", "--pairs", "/nonexistent/pairs.jsonl"])
         .output()
         .unwrap();

@@ -4,6 +4,7 @@
 //! target examples are token-for-token what the evaluation's trainers build;
 //! and the command trains from a split with a held-out log whose untrained
 //! entry reproduces the common LoRA's loss.
+mod support;
 use hexlora::autograd::counter_rng;
 use hexlora::eval::lamp::read_lamp_dir;
 use hexlora::eval::model_runtime::EvalModel;
@@ -13,7 +14,6 @@ use hexlora::model::chat::Message;
 use hexlora::train::graph::TrainableModel;
 use hexlora::train::text_encoder::ModelText;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper")
@@ -114,7 +114,7 @@ fn hypertrain_reads_a_bench_split_and_logs_held_out_loss() {
     let common = work.path().join("common");
     write_common(&EvalModel::open(&model).unwrap(), &common);
     let out = work.path().join("run");
-    let status = Command::new(env!("CARGO_BIN_EXE_hexlora"))
+    let status = support::hexlora()
         .args(["hypertrain", "--model"])
         .arg(&model)
         .arg("--bench")
@@ -140,17 +140,17 @@ fn hypertrain_reads_a_bench_split_and_logs_held_out_loss() {
     assert!((common_loss - untrained).abs() < 1e-6, "{common_loss} vs {untrained}");
     assert!(lines[4]["hypernet"].as_f64().unwrap().is_finite());
     // The same directory again without --resume is refused, not overwritten.
-    let again = Command::new(env!("CARGO_BIN_EXE_hexlora")).args(["hypertrain", "--model"]).arg(&model).arg("--bench").arg(fixtures().join("lamp/mail-subject")).arg("--out").arg(&out).arg("--quiet").output().unwrap();
+    let again = support::hexlora().args(["hypertrain", "--model"]).arg(&model).arg("--bench").arg(fixtures().join("lamp/mail-subject")).arg("--out").arg(&out).arg("--quiet").output().unwrap();
     assert!(!again.status.success());
 }
 
 #[test]
 fn hypertrain_without_data_or_with_a_missing_split_says_so() {
     let model = fixtures().join("eval-model");
-    let none = Command::new(env!("CARGO_BIN_EXE_hexlora")).args(["hypertrain", "--model"]).arg(&model).args(["--out", "/nonexistent/x"]).output().unwrap();
+    let none = support::hexlora().args(["hypertrain", "--model"]).arg(&model).args(["--out", "/nonexistent/x"]).output().unwrap();
     assert!(!none.status.success());
     assert!(String::from_utf8_lossy(&none.stderr).contains("--bench"));
-    let missing = Command::new(env!("CARGO_BIN_EXE_hexlora"))
+    let missing = support::hexlora()
         .args(["hypertrain", "--model"])
         .arg(&model)
         .arg("--bench")

@@ -3,6 +3,7 @@
 //! a thermal pause (fake battery file) changes nothing but the wall clock;
 //! SIGTERM stops after a committed step and a rerun finishes bit-identical
 //! to an uninterrupted run.
+mod support;
 use hexlora::train::commit::TrainState;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -34,7 +35,7 @@ fn job_at(data: &Path, out: &Path, transport: &str, precision: &str, steps: u32,
 
 #[allow(clippy::too_many_arguments)]
 fn job_on(model: &Path, targets: &str, data: &Path, out: &Path, transport: &str, precision: &str, steps: u32, sys: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hexlora"));
+    let mut c = support::hexlora();
     c.args(["personalize", "--quiet", "--rank", "4", "--alpha", "8", "--lr", "5e-3", "--seed", "3", "--targets", targets]);
     // The fixture's widths (48, 80) are not multiples of 32, so Q8_0 cannot
     // hold them; FP16 puts the projections on the service.

@@ -26,7 +26,7 @@ impl Drop for Server {
 }
 
 fn start(model: &PathBuf, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hexlora"))
+    let mut child = support::hexlora()
         .arg("serve")
         .arg("--model")
         .arg(model)
@@ -84,7 +84,7 @@ fn stream(url: &str, body: &Value) -> (String, String) {
 
 /// `hexlora generate` with `args`, stdout without the final newline.
 fn generate(model: &PathBuf, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_hexlora")).arg("generate").arg("--model").arg(model).args(args).output().unwrap();
+    let out = support::hexlora().arg("generate").arg("--model").arg(model).args(args).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap().strip_suffix('\n').unwrap().to_string()
 }

@@ -1,6 +1,7 @@
 //! The training loop on the tiny Llama fixture: determinism, in-process
 //! stop + resume, `kill -9` of `hexlora train` at random points + resume,
 //! all bit-identical to one uninterrupted run; and the loss goes down.
+mod support;
 use hexlora::lora::LoraConfig;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};
@@ -85,7 +86,7 @@ fn write_jsonl(path: &Path) {
 }
 
 fn cli(data: &Path, out: &Path, resume: bool) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hexlora"));
+    let mut c = support::hexlora();
     c.args(["train", "--quiet", "--steps", "10", "--rank", "4", "--alpha", "8", "--lr", "5e-3", "--seed", "3", "--targets", "q_proj,v_proj,down_proj"]);
     c.arg("--model").arg(model_dir()).arg("--data").arg(data).arg("--out").arg(out);
     if resume {

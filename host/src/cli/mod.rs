@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod grad;
 mod hypertrain;
+mod info;
 mod personalize;
 mod train;
 mod eval;
@@ -26,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the version and what this build contains.
+    /// Print the version, target, CPU features and the kernel of each product family.
     Info,
     /// Score prediction/reference pairs with ROUGE-1/2/L (rouge-score compatible).
     Rouge(rouge::Args),
@@ -89,12 +90,7 @@ pub fn main() -> ExitCode {
     die_quietly_on_closed_stdout();
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
-        Command::Info => {
-            println!("hexlora {}", env!("CARGO_PKG_VERSION"));
-            println!("target: {}-{}", std::env::consts::ARCH, std::env::consts::OS);
-            println!("frozen products (bf16): {:?}", crate::ops::bf16_matmul::Kernel::detect());
-            Ok(())
-        }
+        Command::Info => info::run(),
         Command::Rouge(args) => rouge::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Grad(args) => grad::run(args),

@@ -79,7 +79,9 @@ pub fn softplus(x: f32) -> f32 {
 /// build at run time that the CPU has. The body must be plain f32
 /// arithmetic (no `mul_add`): Rust never contracts `a * b + c`, so all
 /// builds round identically and return the same bits (NaN payloads
-/// aside); only the vector width differs.
+/// aside); only the vector width differs. On aarch64 NEON is part of the
+/// base target, so the one build there is already the NEON build
+/// (4 lanes), with the same bits again.
 macro_rules! simd_fn {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*

@@ -255,8 +255,31 @@ unsafe fn run_unpacked(p: Unpacked) {
         // SAFETY: as above.
         return unsafe { avx2::tiles(p) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        // SAFETY: as above.
+        return unsafe { neon::tiles(p) };
+    }
     // SAFETY: as above.
     unsafe { tiles(p) }
+}
+
+/// Which form of the register tiles [`matmul_unpacked`] runs on this CPU
+/// (`hexlora info`).
+pub fn unpacked_tiles_name() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        return "avx512-fma";
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        return "avx2-fma";
+    }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        return "neon-fma";
+    }
+    "portable"
 }
 
 /// Whether the CPU has AVX2 and FMA (the [`avx2`] tiles here and the
@@ -532,6 +555,95 @@ mod avx2 {
     }
 }
 
+/// [`tiles`] in NEON intrinsics (the phone's CPU): 4 x 16 tiles, 16
+/// accumulators of 4 lanes (of the 32 NEON registers; 8 x 16 would need
+/// all 32 for accumulators alone). Each output element is the same fused
+/// multiply-add chain over `p` (`vfmaq_n_f32`), then `* scale`, then
+/// `+ out`, as in the portable form: the same bits.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::{Unpacked, LANES};
+    use std::arch::aarch64::*;
+
+    /// Rows per tile (see `avx2::MR`: row blocks of 8 and a rank of 16
+    /// keep every 4-row tile full).
+    const MR: usize = 4;
+    /// f32 lanes of one NEON register.
+    const Q: usize = 4;
+    /// Registers per 16 columns.
+    const V: usize = LANES / Q;
+
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn tiles(p: Unpacked) {
+        let full_rows = p.m - p.m % MR;
+        for j0 in (0..p.n).step_by(LANES) {
+            let cols = LANES.min(p.n - j0);
+            if cols == LANES {
+                rows_of::<true>(p, j0, full_rows, cols);
+            } else {
+                rows_of::<false>(p, j0, full_rows, cols);
+            }
+        }
+    }
+
+    /// Every row of the `cols` (<= 16) columns from `j0`.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn rows_of<const FULL: bool>(p: Unpacked, j0: usize, full_rows: usize, cols: usize) {
+        for i0 in (0..full_rows).step_by(MR) {
+            tile::<MR, FULL>(p, i0, j0, cols);
+        }
+        match p.m - full_rows {
+            0 => {}
+            1 => tile::<1, FULL>(p, full_rows, j0, cols),
+            2 => tile::<2, FULL>(p, full_rows, j0, cols),
+            _ => tile::<3, FULL>(p, full_rows, j0, cols),
+        }
+    }
+
+    /// 16 columns from `src`, the ones past `cols` zero (`FULL`: all 16).
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn load<const FULL: bool>(src: *const f32, cols: usize) -> [float32x4_t; V] {
+        if FULL {
+            std::array::from_fn(|v| vld1q_f32(src.add(v * Q)))
+        } else {
+            let mut row = [0f32; LANES];
+            std::ptr::copy_nonoverlapping(src, row.as_mut_ptr(), cols);
+            std::array::from_fn(|v| vld1q_f32(row.as_ptr().add(v * Q)))
+        }
+    }
+
+    /// One `R x 16` tile at `(i0, j0)`, `cols` of its columns real.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn tile<const R: usize, const FULL: bool>(p: Unpacked, i0: usize, j0: usize, cols: usize) {
+        let mut acc = [[vdupq_n_f32(0.0); V]; R];
+        let row_off: [usize; R] = std::array::from_fn(|i| (i0 + i) * p.rs);
+        for q in 0..p.k {
+            let b = load::<FULL>(p.rhs.add(q * p.rhs_stride + j0), cols);
+            let lhs = p.lhs.add(q * p.cs);
+            for i in 0..R {
+                let a = *lhs.add(row_off[i]);
+                for v in 0..V {
+                    acc[i][v] = vfmaq_n_f32(acc[i][v], b[v], a);
+                }
+            }
+        }
+        let scale = vdupq_n_f32(p.scale);
+        for (i, acc) in acc.iter().enumerate() {
+            let mut r = [0f32; LANES];
+            for v in 0..V {
+                vst1q_f32(r.as_mut_ptr().add(v * Q), vmulq_f32(scale, acc[v]));
+            }
+            let dst = p.out.add((i0 + i) * p.out_stride + j0);
+            for (c, &r) in r.iter().enumerate().take(cols) {
+                *dst.add(c) = if p.accumulate { *dst.add(c) + r } else { r };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,6 +734,28 @@ mod tests {
                     let p = Unpacked { out: out.as_mut_ptr(), lhs: a.as_ptr(), rs: k, cs: 1, rhs: b.as_ptr(), m, k, n, rhs_stride: n, out_stride: n, scale: 0.7, accumulate };
                     // SAFETY: the buffers are exactly m x k, k x n, m x n.
                     unsafe { if simd { avx2::tiles(p) } else { tiles(p) } };
+                    out
+                };
+                assert_eq!(run(true), run(false), "{m}x{k}x{n} accumulate {accumulate}");
+            }
+        }
+    }
+
+    /// The NEON tiles against the portable ones (fused `mul_add` chains):
+    /// the same bits, edges and accumulation included.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_tiles_equal_portable_tiles_bit_for_bit() {
+        for (m, k, n) in [(1, 7, 3), (13, 40, 16), (29, 33, 21), (16, 5, 70), (7, 64, 9)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i as f32) * 0.11).cos()).collect();
+            for accumulate in [false, true] {
+                let run = |simd: bool| {
+                    let mut out: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.01).collect();
+                    let p = Unpacked { out: out.as_mut_ptr(), lhs: a.as_ptr(), rs: k, cs: 1, rhs: b.as_ptr(), m, k, n, rhs_stride: n, out_stride: n, scale: 0.7, accumulate };
+                    // SAFETY: the buffers are exactly m x k, k x n, m x n;
+                    // NEON is part of every aarch64 Linux target.
+                    unsafe { if simd { neon::tiles(p) } else { tiles(p) } };
                     out
                 };
                 assert_eq!(run(true), run(false), "{m}x{k}x{n} accumulate {accumulate}");

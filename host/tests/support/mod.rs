@@ -30,8 +30,27 @@ pub fn adapter(name: &str) -> PathBuf {
 /// batch.json), writing `out`; the caller adds the backend and precision.
 pub fn grad_command(arch: &str, out: &Path) -> Command {
     let dir = root().join("tests/fixtures/training").join(arch);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hexlora"));
+    let mut cmd = hexlora();
     cmd.arg("grad").arg("--model").arg(dir.join("model")).arg("--adapter").arg(dir.join("adapter"));
     cmd.arg("--batch").arg(dir.join("batch.json")).arg("--out").arg(out);
     cmd
+}
+
+/// The `hexlora` binary under test (`HEXLORA_TEST_BIN` when set, e.g. the
+/// static musl build; else this build's), run through `HEXLORA_TEST_RUNNER`
+/// when that is set (`ci/aarch64-test.sh` sets it to the qemu-aarch64
+/// command: a test emulated by qemu-user cannot exec the aarch64 binary
+/// itself without binfmt_misc, which containers often lack).
+pub fn hexlora() -> Command {
+    let bin = std::env::var("HEXLORA_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_hexlora").to_string());
+    let runner = std::env::var("HEXLORA_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        None => Command::new(bin),
+        Some(program) => {
+            let mut cmd = Command::new(program);
+            cmd.args(words).arg(&bin);
+            cmd
+        }
+    }
 }

@@ -19,9 +19,12 @@
 //!   Zen 4, `avx512bf16.rs`): `VDPBF16PS` register tiles over operands
 //!   packed in bf16 pairs along the reduction, twice the multiply-adds per
 //!   instruction of the f32 tiles.
+//! - [`Kernel::NeonBfmmla`] (aarch64 with FEAT_BF16, `neon_bfmmla.rs`):
+//!   `BFMMLA` register tiles, 2x4 by 4x2 bf16 blocks per instruction.
 //! - [`Kernel::Portable`] (`portable.rs`): any CPU; widens 32-wide panels
 //!   of W to f32 and multiplies the bf16-rounded activations with the
-//!   register tiles of `ops::matmul` (AVX-512 or AVX2+FMA where present).
+//!   register tiles of `ops::matmul` (AVX-512 or AVX2+FMA where present,
+//!   NEON FMA on aarch64).
 //!
 //! Both split the output into column panels over rayon; each output element
 //! is summed by one thread in a fixed order, so results do not depend on
@@ -36,6 +39,8 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512bf16;
+#[cfg(target_arch = "aarch64")]
+mod neon_bfmmla;
 mod portable;
 pub use portable::{f32_forward, f32_input_grad};
 #[cfg(target_arch = "x86_64")]
@@ -114,6 +119,8 @@ pub enum Kernel {
     Amx,
     /// AVX-512 register tiles of `VDPBF16PS`.
     Avx512Bf16,
+    /// NEON register tiles of `BFMMLA` (aarch64 with FEAT_BF16).
+    NeonBfmmla,
     /// Any CPU: bf16 panels widened to f32, f32 register tiles.
     Portable,
 }
@@ -121,9 +128,10 @@ pub enum Kernel {
 impl Kernel {
     /// AMX when the CPU has AMX-BF16 and the OS granted this process the
     /// tile state (asked once), else AVX512-BF16 where the CPU has it, else
-    /// the portable kernel. `HEXLORA_BF16_KERNEL=amx|avx512bf16|portable`
-    /// picks one (a kernel this CPU lacks falls back as above), so runs
-    /// can be compared kernel against kernel.
+    /// BFMMLA on an Arm CPU with BF16, else the portable kernel.
+    /// `HEXLORA_BF16_KERNEL=amx|avx512bf16|neon-bfmmla|portable` picks one
+    /// (a kernel this CPU lacks falls back as above), so runs can be
+    /// compared kernel against kernel.
     pub fn detect() -> Kernel {
         let wanted = std::env::var("HEXLORA_BF16_KERNEL").ok();
         match wanted.as_deref() {
@@ -135,9 +143,34 @@ impl Kernel {
             Kernel::Amx
         } else if avx512bf16_available() {
             Kernel::Avx512Bf16
+        } else if neon_bfmmla_available() {
+            Kernel::NeonBfmmla
         } else {
             Kernel::Portable
         }
+    }
+
+    /// The name `hexlora info` prints, with the f32 tiles the portable
+    /// kernel widens onto.
+    pub fn name(self) -> String {
+        match self {
+            Kernel::Amx => "amx-bf16".into(),
+            Kernel::Avx512Bf16 => "avx512-bf16".into(),
+            Kernel::NeonBfmmla => "neon-bfmmla".into(),
+            Kernel::Portable => format!("widened to f32, {} tiles", crate::ops::matmul::unpacked_tiles_name()),
+        }
+    }
+}
+
+/// Whether [`Kernel::NeonBfmmla`] can run here.
+pub fn neon_bfmmla_available() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        neon_bfmmla::available()
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
     }
 }
 
@@ -177,6 +210,9 @@ pub fn forward(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: Row
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::forward(out, x, tokens, w.bits(), n, k),
         Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
+        #[cfg(target_arch = "aarch64")]
+        Kernel::NeonBfmmla if neon_bfmmla::available() => neon_bfmmla::forward(out, x, tokens, w.bits(), n, k),
+        Kernel::NeonBfmmla => panic!("the BFMMLA kernel was asked for on a CPU without BF16"),
         Kernel::Portable => portable::forward(out, x, tokens, w.bits(), n, k),
     }
 }
@@ -193,6 +229,9 @@ pub fn input_grad(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w:
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::input_grad(out, dy, tokens, w.bits(), rows, cols),
         Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
+        #[cfg(target_arch = "aarch64")]
+        Kernel::NeonBfmmla if neon_bfmmla::available() => neon_bfmmla::input_grad(out, dy, tokens, w.bits(), rows, cols),
+        Kernel::NeonBfmmla => panic!("the BFMMLA kernel was asked for on a CPU without BF16"),
         Kernel::Portable => portable::input_grad(out, dy, tokens, w.bits(), rows, cols),
     }
 }
@@ -419,13 +458,20 @@ mod tests {
         }
     }
 
+    /// The portable kernel and the tile kernels this CPU runs (the
+    /// AVX512-BF16 and BFMMLA kernels have their own tests too).
     fn kernels() -> Vec<Kernel> {
+        let mut kernels = vec![Kernel::Portable];
         if amx_available() {
-            vec![Kernel::Amx, Kernel::Portable]
-        } else {
-            eprintln!("AMX-BF16 not available on this CPU/OS: checking the portable kernel only");
-            vec![Kernel::Portable]
+            kernels.push(Kernel::Amx);
         }
+        if neon_bfmmla_available() {
+            kernels.push(Kernel::NeonBfmmla);
+        }
+        if kernels.len() == 1 {
+            eprintln!("no AMX-BF16 or BFMMLA on this CPU/OS: checking the portable kernel only");
+        }
+        kernels
     }
 
     /// Both directions against f64 of the bf16-rounded operands, on shapes

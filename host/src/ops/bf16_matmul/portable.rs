@@ -208,7 +208,7 @@ thread_local! {
 /// every caller overwrites what it reads). Scratch lives per thread and
 /// never shrinks, as the AMX kernel's does: products of a dozen shapes
 /// alternate, and this saves a large allocation per call.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // its callers are the x86 kernels
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))] // its callers are the x86 and Arm kernels
 pub(super) fn grown<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
     if buf.len() < len {
         buf.resize(len, T::default());

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The host test suite cross-built for the phone's CPU (aarch64-unknown-
+# linux-gnu) and run under qemu-aarch64: every test below under `-cpu max`
+# (NEON, bf16, i8mm: the BFMMLA kernels), the kernel and fixture tests again
+# under `-cpu cortex-a53` (NEON only: the widened f32 kernels). Ends with cargo's result lines. Release profile: the code
+# that ships, and the dev profile's opt-level 1 under emulation made the
+# SmolLM2 tests take tens of minutes.
+#
+# Left out, and why:
+# - npu_grad, npu_transports, personalize_job, firmware_log: they drive the
+#   Hexagon service ELF through qemu-hexagon (ci/sim-test.sh builds it); under
+#   a second emulator their minutes become hours, and the client code they
+#   test is the same on both CPUs (the lib tests cover its protocol).
+# - npu_fastrpc: it loads the FastRPC stand-in, a shared object built for the
+#   x86 host; an aarch64 process cannot load it.
+# Then the static musl binary (ci/build-aarch64.sh --static) runs the
+# fixture `grad` test under both CPUs.
+# Usage: bash ci/aarch64-test.sh [max|cortex-a53|static|all]   (default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1
+target=aarch64-unknown-linux-gnu
+left_out="npu_grad npu_transports personalize_job firmware_log npu_fastrpc"
+
+tests=(--lib)
+for f in host/tests/*.rs; do
+    name=$(basename "$f" .rs)
+    case " $left_out " in *" $name "*) continue ;; esac
+    tests+=(--test "$name")
+done
+
+run_under() {
+    local cpu=$1; shift
+    local runner="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu $cpu"
+    local log rc=0
+    log=$(mktemp)
+    echo "== host tests under $runner"
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner" HEXLORA_TEST_RUNNER="$runner" \
+        cargo test --release -p hexlora -Zbuild-std=std,panic_unwind --target "$target" "$@" >"$log" 2>&1 || rc=$?
+    if ((rc)); then
+        grep -E -A40 '^failures:$' "$log" | head -120 || tail -40 "$log"
+    fi
+    grep -E '^test result' "$log" || tail -20 "$log"
+    rm -f "$log"
+    return $rc
+}
+
+which=${1:-all}
+status=0
+if [[ $which == max || $which == all ]]; then
+    run_under max "${tests[@]}" || status=1
+fi
+# cortex-a53: NEON without bf16 or i8mm. The library tests hold every
+# kernel test, so they take the fallback branches; the fixture and SmolLM2
+# tests check the end-to-end numbers on them.
+if [[ $which == cortex-a53 || $which == all ]]; then
+    run_under cortex-a53 --lib --test grad_cli_fixtures --test train_grad_fixtures --test model_smollm2 || status=1
+fi
+# The static musl binary a phone's shell runs: `grad` on the fixtures.
+if [[ $which == static || $which == all ]]; then
+    static=$(bash ci/build-aarch64.sh --static | tail -n 1)
+    for cpu in max cortex-a53; do
+        echo "(the static binary $static)"
+        HEXLORA_TEST_BIN=$static run_under "$cpu" --test grad_cli_fixtures || status=1
+    done
+fi
+exit $status
