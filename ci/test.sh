@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, through .ci/run): installs what is
-# missing, runs every native test, then the Hexagon simulator tests.
+# missing, runs every native test, the Hexagon simulator tests, then the
+# host tests built for aarch64 under qemu-aarch64.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A run from a clean clone never reuses incremental state; it only costs disk.
@@ -49,3 +50,6 @@ RUSTFLAGS="$(hexagon_rustflags sim)" "${HEXAGON_CARGO[@]}" build "${HEXAGON_BUIL
 
 echo "== Hexagon simulator self-tests"
 bash ci/sim-test.sh
+
+echo "== host tests for the phone's CPU under qemu-aarch64 (and the static binary)"
+bash ci/aarch64-test.sh
