@@ -7,13 +7,15 @@ use std::path::PathBuf;
 /// Errors of the hexlora host runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An I/O error, with the path it happened on.
-    #[error("{path}: {source}")]
+    /// An I/O error, with the path it happened on. The reason is in the
+    /// message and deliberately not a `source`: error chains (`{:#}`)
+    /// would print it twice.
+    #[error("{path}: {reason}")]
     Io {
         /// The file or directory involved.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     /// A file's contents are not what its format says (corrupt, truncated,
     /// unsupported variant).
@@ -80,6 +82,6 @@ impl Error {
     }
     /// An [`Error::Io`] error for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io { path: path.into(), reason: source }
     }
 }

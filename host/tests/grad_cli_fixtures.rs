@@ -38,3 +38,16 @@ fn qwen3_grad_matches_pytorch_peft() {
 fn qwen35_grad_matches_pytorch_peft() {
     check("qwen35");
 }
+
+/// A missing model is one line naming the path and the reason, once.
+#[test]
+fn a_missing_model_names_the_path_and_the_reason_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-model");
+    let run = support::hexlora().arg("grad").arg("--model").arg(&missing).args(["--adapter", "a", "--batch", "b", "--out", "c"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&missing.display().to_string()) && stderr.contains("No such file or directory"), "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "the reason twice: {stderr}");
+}

@@ -136,7 +136,7 @@ impl Adapter {
         } else if path.exists() {
             Err(Error::invalid(path.display().to_string(), "not a PEFT adapter directory or a .gguf LoRA file"))
         } else {
-            Err(Error::io(path, std::io::Error::from(std::io::ErrorKind::NotFound)))
+            Err(Error::io(path, std::io::Error::from_raw_os_error(libc::ENOENT)))
         }
     }
 

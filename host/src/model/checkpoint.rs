@@ -50,7 +50,7 @@ impl Checkpoint {
         } else if path.exists() {
             return Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"));
         } else {
-            return Err(Error::io(path, std::io::Error::from(std::io::ErrorKind::NotFound)));
+            return Err(Error::io(path, std::io::Error::from_raw_os_error(libc::ENOENT)));
         };
         Ok(Checkpoint { path: path.to_path_buf(), source, config, chat_template })
     }
