@@ -54,3 +54,25 @@ fn qwen35_trains_and_recompute_is_bit_identical() {
     let (head, tail) = (losses[..2].iter().sum::<f32>(), losses[8..].iter().sum::<f32>());
     assert!(tail < 0.8 * head, "loss did not go down: {losses:?}");
 }
+
+/// A Qwen3.5 GGUF (llama.cpp's conventions, rewritten on load) trains as
+/// its Hugging Face directory does: the same step losses to f32 rounding
+/// (the rewrites `-exp(A_log)` and `1 + w` round once each way).
+#[test]
+fn qwen35_trains_from_gguf_as_from_its_hf_directory() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny-qwen35-gguf");
+    let quiet = || RunOptions { resume: false, progress: false, stop_after: None, on_step: None };
+    let mut cfg = config(None);
+    cfg.schedule.total = 4;
+    let run = |path: &std::path::Path| {
+        let model = hexlora::train::open_trainable(path).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let state = train(model.as_ref(), &data(), &cfg, out.path(), quiet()).unwrap();
+        state.history.iter().map(|r| r.loss).collect::<Vec<f32>>()
+    };
+    let (hf, gguf) = (run(&dir), run(&dir.join("model.gguf")));
+    assert_eq!(hf.len(), 4);
+    for (a, b) in hf.iter().zip(&gguf) {
+        assert!(((a - b) / a).abs() < 1e-5, "step losses from HF {hf:?} and GGUF {gguf:?}");
+    }
+}

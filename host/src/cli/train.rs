@@ -9,7 +9,7 @@ use crate::train::data::load_jsonl;
 use crate::train::grad::evaluate;
 use crate::train::text_encoder::ModelText;
 use crate::train::graph::TrainableModel;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::checkpoint::Checkpoint;
 use crate::train::trainer::{train, RunOptions, TrainConfig};
 use crate::train::mezo_loop::{train_mezo, MezoConfig};
 use crate::optim::mezo::Mezo;
@@ -128,15 +128,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.profile {
         crate::autograd::profile::enable();
     }
-    let model: Box<dyn TrainableModel> = if crate::train::is_qwen35(&args.model)? {
-        crate::train::open_trainable_dtype(&args.model, args.frozen_dtype)?
-    } else {
-        let mut model = DecoderGraph::open_dtype(&args.model, args.frozen_dtype)?;
-        model.set_unfused_lora(args.no_fuse);
-        Box::new(model)
-    };
+    let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model: Box<dyn TrainableModel> = crate::train::trainable(&ckpt, args.frozen_dtype, args.no_fuse)?;
     // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
-    let text = ModelText::open(&args.model).ok();
+    let text = ModelText::of(&ckpt).ok();
     let enc = text.as_ref().map(|t| t as &dyn crate::train::data::Encoder);
     let (data, skipped) = load_jsonl(&args.data, enc, args.max_len)?;
     if skipped > 0 {

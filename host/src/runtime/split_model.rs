@@ -17,15 +17,14 @@
 use super::plan_cache::{plan_with_cache, projection_key, PlanCache};
 use super::planner::{cpu_only, Buckets, RouteTable};
 use super::routed::{RoutedProjection, SplitState};
-use crate::model::config::{Arch, ModelConfig};
-use crate::model::cpu_projection::{CpuProjection, StoredProjection};
-use crate::model::source::{RawTensor, TensorSource};
+use crate::model::checkpoint::Checkpoint;
+use crate::model::config::Arch;
+use crate::model::cpu_projection::{CpuProjection, FrozenDtype, StoredProjection};
+use crate::model::source::RawTensor;
 use crate::npu::{NpuClient, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
-use crate::train::decoder_graph::DecoderGraph;
 use crate::train::graph::TrainableModel;
-use crate::train::qwen35_graph::Qwen35Graph;
-use crate::{Error, Result};
+use crate::Result;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -62,22 +61,6 @@ pub struct SplitModel {
     pub state: Arc<SplitState>,
     /// Seconds spent loading and probing.
     pub plan_seconds: f64,
-}
-
-/// Opens a GGUF file or Hugging Face directory as a tensor source and config.
-pub fn open_source(path: &Path) -> Result<(Box<dyn TensorSource>, ModelConfig)> {
-    use crate::model::{gguf::Gguf, hf_dir::HfDir};
-    if path.is_dir() {
-        let dir = HfDir::open(path)?;
-        let cfg = ModelConfig::from_hf_json(dir.config())?;
-        Ok((Box::new(dir), cfg))
-    } else if path.extension().is_some_and(|e| e == "gguf") {
-        let g = Gguf::open(path)?;
-        let cfg = ModelConfig::from_gguf(&g)?;
-        Ok((Box::new(g), cfg))
-    } else {
-        Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
-    }
 }
 
 /// One routed projection: the CPU side always (the fallback and the probe
@@ -117,23 +100,14 @@ fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets:
 /// before returning.
 pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache) -> Result<SplitModel> {
     let start = Instant::now();
-    let (src, cfg) = open_source(path)?;
+    let ckpt = Checkpoint::open(path)?;
+    if unfused && ckpt.config.arch == Arch::Qwen35 {
+        eprintln!("note: the Qwen3.5 graph has no unfused mode; --no-fuse is ignored");
+    }
     let state = Arc::new(SplitState::default());
     let table = Mutex::new(RouteTable::default());
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table, cache);
-    let graph: Box<dyn TrainableModel> = match cfg.arch {
-        Arch::Qwen35 => {
-            if unfused {
-                eprintln!("note: the Qwen3.5 graph has no unfused mode; --no-fuse is ignored");
-            }
-            Box::new(Qwen35Graph::load_with(&*src, cfg, &factory)?)
-        }
-        _ => {
-            let mut g = DecoderGraph::load_with(&*src, cfg, &factory)?;
-            g.set_unfused_lora(unfused);
-            Box::new(g)
-        }
-    };
+    let graph = crate::train::trainable_with(&ckpt, &factory, FrozenDtype::F32, unfused)?;
     let routes = table.into_inner().expect("not poisoned");
     cache.save();
     Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })

@@ -141,7 +141,7 @@ impl DecoderGraph {
     }
 
     /// `make` builds the per-layer projections; embeddings and head are held in `table_dtype`.
-    fn load_frozen(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>, table_dtype: FrozenDtype) -> Result<Self> {
+    pub(crate) fn load_frozen(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>, table_dtype: FrozenDtype) -> Result<Self> {
         if cfg.arch == Arch::Qwen35 || cfg.layer_types.iter().any(|k| *k != LayerKind::FullAttention) {
             return Err(Error::Unsupported("training Qwen3.5 (Gated DeltaNet layers) is not implemented yet".into()));
         }
@@ -193,18 +193,8 @@ impl DecoderGraph {
 
     /// [`DecoderGraph::open`] with frozen weights held in `dtype`.
     pub fn open_dtype(path: &std::path::Path, dtype: FrozenDtype) -> Result<Self> {
-        use crate::model::{gguf::Gguf, hf_dir::HfDir};
-        if path.is_dir() {
-            let dir = HfDir::open(path)?;
-            let cfg = ModelConfig::from_hf_json(dir.config())?;
-            Self::load_dtype(&dir, cfg, dtype)
-        } else if path.extension().is_some_and(|e| e == "gguf") {
-            let g = Gguf::open(path)?;
-            let cfg = ModelConfig::from_gguf(&g)?;
-            Self::load_dtype(&g, cfg, dtype)
-        } else {
-            Err(Error::invalid(path.display().to_string(), "not a .gguf file or a model directory"))
-        }
+        let ckpt = crate::model::checkpoint::Checkpoint::open(path)?;
+        Self::load_dtype(ckpt.tensors(), ckpt.config.clone(), dtype)
     }
 
     /// The model configuration.

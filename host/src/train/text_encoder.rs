@@ -2,7 +2,7 @@
 //! training on text JSONL.
 use super::data::{Encoder, Message};
 use crate::model::chat::ChatTemplate;
-use crate::model::gguf::Gguf;
+use crate::model::checkpoint::Checkpoint;
 use crate::model::tokenizer::Tokenizer;
 use crate::Result;
 use std::path::Path;
@@ -30,17 +30,12 @@ impl ModelText {
     /// From a GGUF file's metadata or a Hugging Face directory's
     /// `tokenizer.json`; see [`chat_from`] for the chat template.
     pub fn open(path: &Path) -> Result<Self> {
-        if path.is_dir() {
-            let chat = std::fs::read_to_string(path.join("tokenizer_config.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .and_then(|v| v.get("chat_template").and_then(|t| t.as_str()).map(String::from));
-            let chat = chat_from(chat);
-            return Ok(ModelText { tokenizer: Tokenizer::from_hf_dir(path)?, chat });
-        }
-        let g = Gguf::open(path)?;
-        let chat = chat_from(g.get_str("tokenizer.chat_template").ok().map(String::from));
-        Ok(ModelText { tokenizer: Tokenizer::from_gguf(&g)?, chat })
+        Self::of(&Checkpoint::open(path)?)
+    }
+
+    /// The tokenizer and chat template `ckpt` carries.
+    pub fn of(ckpt: &Checkpoint) -> Result<Self> {
+        Ok(ModelText { tokenizer: ckpt.tokenizer()?, chat: chat_from(ckpt.chat_template.clone()) })
     }
 }
 
