@@ -716,8 +716,26 @@ mod tests {
         }
     }
 
-    /// The AVX2 tiles against the portable ones (fused `mul_add` chains):
-    /// the same bits, edges and accumulation included.
+    /// `simd` against the portable tiles (fused `mul_add` chains): the
+    /// same bits, edges and accumulation included.
+    fn assert_tiles_equal_portable(simd: unsafe fn(Unpacked)) {
+        for (m, k, n) in [(1, 7, 3), (13, 40, 16), (29, 33, 21), (16, 5, 70), (7, 64, 9)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i as f32) * 0.11).cos()).collect();
+            for accumulate in [false, true] {
+                let run = |tiles: unsafe fn(Unpacked)| {
+                    let mut out: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.01).collect();
+                    let p = Unpacked { out: out.as_mut_ptr(), lhs: a.as_ptr(), rs: k, cs: 1, rhs: b.as_ptr(), m, k, n, rhs_stride: n, out_stride: n, scale: 0.7, accumulate };
+                    // SAFETY: the buffers are exactly m x k, k x n, m x n;
+                    // the caller checked the CPU runs `simd`.
+                    unsafe { tiles(p) };
+                    out
+                };
+                assert_eq!(run(simd), run(super::tiles), "{m}x{k}x{n} accumulate {accumulate}");
+            }
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_tiles_equal_portable_tiles_bit_for_bit() {
@@ -725,42 +743,14 @@ mod tests {
             eprintln!("no AVX2+FMA here: nothing to compare");
             return;
         }
-        for (m, k, n) in [(1, 7, 3), (13, 40, 16), (29, 33, 21), (16, 5, 70), (7, 64, 9)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i as f32) * 0.11).cos()).collect();
-            for accumulate in [false, true] {
-                let run = |simd: bool| {
-                    let mut out: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.01).collect();
-                    let p = Unpacked { out: out.as_mut_ptr(), lhs: a.as_ptr(), rs: k, cs: 1, rhs: b.as_ptr(), m, k, n, rhs_stride: n, out_stride: n, scale: 0.7, accumulate };
-                    // SAFETY: the buffers are exactly m x k, k x n, m x n.
-                    unsafe { if simd { avx2::tiles(p) } else { tiles(p) } };
-                    out
-                };
-                assert_eq!(run(true), run(false), "{m}x{k}x{n} accumulate {accumulate}");
-            }
-        }
+        assert_tiles_equal_portable(avx2::tiles);
     }
 
-    /// The NEON tiles against the portable ones (fused `mul_add` chains):
-    /// the same bits, edges and accumulation included.
+    /// NEON is part of every aarch64 Linux target: nothing to check first.
     #[cfg(target_arch = "aarch64")]
     #[test]
     fn neon_tiles_equal_portable_tiles_bit_for_bit() {
-        for (m, k, n) in [(1, 7, 3), (13, 40, 16), (29, 33, 21), (16, 5, 70), (7, 64, 9)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i as f32) * 0.11).cos()).collect();
-            for accumulate in [false, true] {
-                let run = |simd: bool| {
-                    let mut out: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.01).collect();
-                    let p = Unpacked { out: out.as_mut_ptr(), lhs: a.as_ptr(), rs: k, cs: 1, rhs: b.as_ptr(), m, k, n, rhs_stride: n, out_stride: n, scale: 0.7, accumulate };
-                    // SAFETY: the buffers are exactly m x k, k x n, m x n;
-                    // NEON is part of every aarch64 Linux target.
-                    unsafe { if simd { neon::tiles(p) } else { tiles(p) } };
-                    out
-                };
-                assert_eq!(run(true), run(false), "{m}x{k}x{n} accumulate {accumulate}");
-            }
-        }
+        assert_tiles_equal_portable(neon::tiles);
     }
 
     #[test]
