@@ -9,9 +9,9 @@ pub fn run() -> anyhow::Result<()> {
     println!("target: {}-{}", std::env::consts::ARCH, std::env::consts::OS);
     println!("cpu features: {}", features().join(" "));
     println!("frozen products, bf16 weights: {}", Kernel::detect().name());
-    println!("frozen products, f32 weights: {}", f32_frozen());
+    println!("frozen products, f32 weights: {}", crate::model::cpu_projection::f32_products_name());
     println!("LoRA branch and attention products: {} tiles", unpacked_tiles_name());
-    println!("row kernels (exp, softmax, RMSNorm, RoPE, SwiGLU): {}", row_kernels());
+    println!("row kernels (exp, softmax, RMSNorm, RoPE, SwiGLU): {}", crate::ops::activation::SimdBuild::detect().name());
     Ok(())
 }
 
@@ -42,32 +42,4 @@ fn features() -> Vec<&'static str> {
         seen.push("(none the kernels use)");
     }
     seen
-}
-
-/// f32 frozen weights: `matrixmultiply` for many rows and `gemm` for few,
-/// each with its own SIMD dispatch, except the packed AVX2 tiles on x86
-/// without AVX-512 (`model::cpu_projection`).
-fn f32_frozen() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    if !std::arch::is_x86_feature_detected!("avx512f") && crate::ops::matmul::has_avx2_fma() {
-        return "avx2-fma packed tiles (16+ rows), gemm (fewer)";
-    }
-    "matrixmultiply (16+ rows), gemm (fewer), their own SIMD dispatch"
-}
-
-/// The widest build of the `simd_fn!` row kernels this CPU runs.
-fn row_kernels() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return "avx512f";
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return "avx2";
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    return "neon (the aarch64 base target)";
-    #[allow(unreachable_code)]
-    "portable"
 }

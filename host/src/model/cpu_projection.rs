@@ -185,6 +185,17 @@ fn packed_tiles_fit(tokens: usize) -> bool {
     }
 }
 
+/// What computes f32 frozen products of many rows on this CPU (`hexlora
+/// info`): the packed AVX2 tiles where [`packed_tiles_fit`] sends them and
+/// the CPU has those tiles, else `matrixmultiply`; `gemm` takes few rows.
+pub fn f32_products_name() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if packed_tiles_fit(16) && crate::ops::matmul::has_avx2_fma() {
+        return "avx2-fma packed tiles (16+ rows), gemm (fewer)";
+    }
+    "matrixmultiply (16+ rows), gemm (fewer), their own SIMD dispatch"
+}
+
 /// Precision in which the CPU holds frozen weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum FrozenDtype {

@@ -97,18 +97,17 @@ macro_rules! simd_fn {
                 unsafe fn wide($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU reports AVX-512F.
-                    return unsafe { wide($($arg),*) };
-                }
                 #[target_feature(enable = "avx2")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx2") {
+                match $crate::ops::activation::SimdBuild::detect() {
+                    // SAFETY: the CPU reports AVX-512F.
+                    $crate::ops::activation::SimdBuild::Avx512 => return unsafe { wide($($arg),*) },
                     // SAFETY: the CPU reports AVX2.
-                    return unsafe { avx2($($arg),*) };
+                    $crate::ops::activation::SimdBuild::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::ops::activation::SimdBuild::Base => {}
                 }
             }
             body($($arg),*)
@@ -116,6 +115,48 @@ macro_rules! simd_fn {
     };
 }
 pub(crate) use simd_fn;
+
+/// The build of its body a [`simd_fn!`] kernel runs on this CPU.
+#[derive(Clone, Copy)]
+pub(crate) enum SimdBuild {
+    /// Compiled with AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// Compiled with AVX2.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// The target's base features (on aarch64 these include NEON).
+    Base,
+}
+
+impl SimdBuild {
+    /// The widest build this CPU has.
+    #[inline(always)]
+    pub(crate) fn detect() -> SimdBuild {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return SimdBuild::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return SimdBuild::Avx2;
+            }
+        }
+        SimdBuild::Base
+    }
+
+    /// Its name (`hexlora info`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            SimdBuild::Avx512 => "avx512f",
+            #[cfg(target_arch = "x86_64")]
+            SimdBuild::Avx2 => "avx2",
+            SimdBuild::Base if cfg!(target_arch = "aarch64") => "neon (the aarch64 base target)",
+            SimdBuild::Base => "portable",
+        }
+    }
+}
 
 simd_fn! {
     /// `x = e^x`, elementwise, in place (the same bits as [`exp`]).

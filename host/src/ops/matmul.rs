@@ -239,47 +239,67 @@ pub unsafe fn matmul_unpacked_columns(
     unsafe { run_unpacked(p) }
 }
 
-/// The AVX-512 tiles where the CPU has them, else the portable ones.
+/// The forms of the register tiles behind [`matmul_unpacked`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tiles {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+    Portable,
+}
+
+impl Tiles {
+    /// The widest form this CPU runs: AVX-512, AVX2+FMA, NEON, else portable.
+    fn detect() -> Tiles {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            return Tiles::Avx512;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_fma() {
+            return Tiles::Avx2;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Tiles::Neon;
+        }
+        Tiles::Portable
+    }
+}
+
+/// The widest tiles the CPU has (see [`Tiles::detect`]).
 ///
 /// # Safety
 /// `p` describes valid, exclusively borrowed buffers (see [`Unpacked`]).
 unsafe fn run_unpacked(p: Unpacked) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features are present; the asserts bound every index
-        // the tiles touch (see `Unpacked`).
-        return unsafe { avx512::tiles(p) };
+    // SAFETY (every arm): the detected features are present; the callers'
+    // asserts bound every index the tiles touch (see `Unpacked`).
+    match Tiles::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Tiles::Avx512 => unsafe { avx512::tiles(p) },
+        #[cfg(target_arch = "x86_64")]
+        Tiles::Avx2 => unsafe { avx2::tiles(p) },
+        #[cfg(target_arch = "aarch64")]
+        Tiles::Neon => unsafe { neon::tiles(p) },
+        Tiles::Portable => unsafe { tiles(p) },
     }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: as above.
-        return unsafe { avx2::tiles(p) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    if std::arch::is_aarch64_feature_detected!("neon") {
-        // SAFETY: as above.
-        return unsafe { neon::tiles(p) };
-    }
-    // SAFETY: as above.
-    unsafe { tiles(p) }
 }
 
 /// Which form of the register tiles [`matmul_unpacked`] runs on this CPU
 /// (`hexlora info`).
 pub fn unpacked_tiles_name() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-        return "avx512-fma";
+    match Tiles::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Tiles::Avx512 => "avx512-fma",
+        #[cfg(target_arch = "x86_64")]
+        Tiles::Avx2 => "avx2-fma",
+        #[cfg(target_arch = "aarch64")]
+        Tiles::Neon => "neon-fma",
+        Tiles::Portable => "portable",
     }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        return "avx2-fma";
-    }
-    #[cfg(target_arch = "aarch64")]
-    if std::arch::is_aarch64_feature_detected!("neon") {
-        return "neon-fma";
-    }
-    "portable"
 }
 
 /// Whether the CPU has AVX2 and FMA (the [`avx2`] tiles here and the

@@ -148,19 +148,7 @@ thread_local! {
 
 #[cfg(test)]
 mod tests {
-    use super::super::widen;
     use super::*;
-
-    fn values(n: usize, f: f32) -> Vec<f32> {
-        (0..n).map(|i| (i as f32 * f).sin() * 2.0).collect()
-    }
-
-    fn run_both(tokens: usize, out_f: usize, in_f: usize, w: &[u16], x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
-        let (mut y, mut dx) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * in_f]);
-        forward(&mut y, x, tokens, w, out_f, in_f);
-        input_grad(&mut dx, dy, tokens, w, out_f, in_f);
-        (y, dx)
-    }
 
     /// Against f64 of the bf16-rounded operands, edges in every dimension
     /// (odd reductions, partial tiles and panels); and bit for bit the same
@@ -172,27 +160,9 @@ mod tests {
             eprintln!("SKIPPED: no AVX512-BF16 on this CPU (the CI machine's class changes; the dispatcher never picks this kernel here)");
             return;
         }
-        let r = |v: f32| widen(round_bits(v)) as f64;
-        for (tokens, out_f, in_f) in [(1, 3, 5), (13, 40, 21), (37, 70, 96), (256, 33, 64), (9, 576, 1536)] {
-            let w: Vec<u16> = values(out_f * in_f, 0.37).into_iter().map(round_bits).collect();
-            let (x, dy) = (values(tokens * in_f, 0.71), values(tokens * out_f, 0.53));
-            let (y, dx) = run_both(tokens, out_f, in_f, &w, &x, &dy);
-            for t in 0..tokens {
-                for o in 0..out_f {
-                    let want: f64 = (0..in_f).map(|i| r(x[t * in_f + i]) * widen(w[o * in_f + i]) as f64).sum();
-                    let tol = 1e-6 * (in_f as f64).sqrt() * (1.0 + want.abs());
-                    assert!((y[t * out_f + o] as f64 - want).abs() < tol, "forward {tokens}x{in_f}->{out_f} [{t}][{o}]");
-                }
-                for i in 0..in_f {
-                    let want: f64 = (0..out_f).map(|o| r(dy[t * out_f + o]) * widen(w[o * in_f + i]) as f64).sum();
-                    let tol = 1e-6 * (out_f as f64).sqrt() * (1.0 + want.abs());
-                    assert!((dx[t * in_f + i] as f64 - want).abs() < tol, "input grad {tokens}x{in_f}->{out_f} [{t}][{i}]");
-                }
-            }
-            let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-            let (y1, dx1) = one.install(|| run_both(tokens, out_f, in_f, &w, &x, &dy));
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
-            assert_eq!((bits(&y1), bits(&dx1)), (bits(&y), bits(&dx)), "{tokens}x{in_f}->{out_f}: thread count changed the bits");
-        }
+        let shapes = [(1, 3, 5), (13, 40, 21), (37, 70, 96), (256, 33, 64), (9, 576, 1536)];
+        super::super::kernel_check::check_kernel(forward, input_grad, &shapes, |got, want, _, k| {
+            (got as f64 - want).abs() < 1e-6 * (k as f64).sqrt() * (1.0 + want.abs())
+        });
     }
 }

@@ -41,6 +41,8 @@ mod avx2;
 mod avx512bf16;
 #[cfg(target_arch = "aarch64")]
 mod neon_bfmmla;
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod kernel_check;
 mod portable;
 pub use portable::{f32_forward, f32_input_grad};
 #[cfg(target_arch = "x86_64")]

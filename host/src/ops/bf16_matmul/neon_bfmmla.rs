@@ -164,31 +164,13 @@ thread_local! {
 
 #[cfg(test)]
 mod tests {
-    use super::super::widen;
     use super::*;
 
-    fn values(n: usize, f: f32) -> Vec<f32> {
-        (0..n).map(|i| (i as f32 * f).sin() * 2.0).collect()
-    }
-
-    fn run_both(tokens: usize, out_f: usize, in_f: usize, w: &[u16], x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
-        let (mut y, mut dx) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * in_f]);
-        forward(&mut y, x, tokens, w, out_f, in_f);
-        input_grad(&mut dx, dy, tokens, w, out_f, in_f);
-        (y, dx)
-    }
-
-    /// `|got - want| <= (k / 2 + 4) 2^-23 sum |a b|`: every add in the
-    /// chain (two per step of two, round-to-odd, at most one ulp) bounded
-    /// by the sum of magnitudes; a lost or misplaced product is of size
-    /// `sum |a b| / k` and fails it.
-    fn assert_within(got: f32, want: (f64, f64), k: usize, what: &str) {
-        let tol = (k as f64 / 2.0 + 4.0) * 2f64.powi(-23) * want.1 + 1e-30;
-        assert!((got as f64 - want.0).abs() <= tol, "{what}: {got} vs {} (tolerance {tol})", want.0);
-    }
-
     /// Against f64 of the bf16-rounded operands, edges in every dimension
-    /// (reductions not a multiple of 4, partial tiles and panels); and bit
+    /// (reductions not a multiple of 4, partial tiles and panels), within
+    /// `(k / 2 + 4) 2^-23 sum |a b|`: every add in the chain (round-to-odd,
+    /// at most one ulp) bounded by the sum of magnitudes; a lost or
+    /// misplaced product is of size `sum |a b| / k` and fails it. And bit
     /// for bit the same on one thread as on several. Under qemu-aarch64
     /// `-cpu cortex-a53` (no BF16) it checks that the dispatcher would not
     /// pick it, and fails under CI only when the CPU should have had it.
@@ -200,26 +182,9 @@ mod tests {
             eprintln!("SKIPPED: no FEAT_BF16 on this CPU (ci/aarch64-test.sh runs it under -cpu max)");
             return;
         }
-        let r = |v: f32| widen(round_bits(v)) as f64;
-        for (tokens, out_f, in_f) in [(1, 3, 5), (13, 40, 21), (37, 70, 96), (64, 33, 66), (9, 576, 1536)] {
-            let w: Vec<u16> = values(out_f * in_f, 0.37).into_iter().map(round_bits).collect();
-            let (x, dy) = (values(tokens * in_f, 0.71), values(tokens * out_f, 0.53));
-            let (y, dx) = run_both(tokens, out_f, in_f, &w, &x, &dy);
-            let sums = |terms: &mut dyn Iterator<Item = f64>| terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
-            for t in 0..tokens {
-                for o in 0..out_f {
-                    let want = sums(&mut (0..in_f).map(|i| r(x[t * in_f + i]) * widen(w[o * in_f + i]) as f64));
-                    assert_within(y[t * out_f + o], want, in_f, &format!("forward {tokens}x{in_f}->{out_f} [{t}][{o}]"));
-                }
-                for i in 0..in_f {
-                    let want = sums(&mut (0..out_f).map(|o| r(dy[t * out_f + o]) * widen(w[o * in_f + i]) as f64));
-                    assert_within(dx[t * in_f + i], want, out_f, &format!("input grad {tokens}x{in_f}->{out_f} [{t}][{i}]"));
-                }
-            }
-            let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-            let (y1, dx1) = one.install(|| run_both(tokens, out_f, in_f, &w, &x, &dy));
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
-            assert_eq!((bits(&y1), bits(&dx1)), (bits(&y), bits(&dx)), "{tokens}x{in_f}->{out_f}: thread count changed the bits");
-        }
+        let shapes = [(1, 3, 5), (13, 40, 21), (37, 70, 96), (64, 33, 66), (9, 576, 1536)];
+        super::super::kernel_check::check_kernel(forward, input_grad, &shapes, |got, want, mag, k| {
+            (got as f64 - want).abs() <= (k as f64 / 2.0 + 4.0) * 2f64.powi(-23) * mag + 1e-30
+        });
     }
 }
