@@ -40,7 +40,9 @@ else
 fi
 
 # qemu-hexagon 10 (-cpu v73): Debian 12 itself has 7.2 (v67 at most).
-qemu_major=$(qemu-hexagon --version 2>/dev/null | sed -n 's/^qemu-hexagon version \([0-9]*\).*/\1/p')
+# `|| true`: on a fresh machine qemu-hexagon is absent, and a failing
+# command substitution would end the script under `set -e`.
+qemu_major=$(qemu-hexagon --version 2>/dev/null | sed -n 's/^qemu-hexagon version \([0-9]*\).*/\1/p' || true)
 if [ "${qemu_major:-0}" -lt 10 ]; then
     echo "toolchain/install.sh: installing qemu-user 10 from bookworm-backports (have ${qemu_major:-none})"
     list=/etc/apt/sources.list.d/bookworm-backports.list
