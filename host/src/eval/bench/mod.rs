@@ -1,5 +1,5 @@
 //! The bundled benchmarks, built deterministically from real text that ships
-//! inside packages (sources and licences: docs/BENCHMARKS.md):
+//! inside packages (sources and licences: docs/DATASETS.md):
 //!
 //! - [`quotes`]: `quotes-tag`, LaMP-2-like classification from Debian `fortunes`;
 //! - [`mail`]: `mail-subject`, LaMP-6-like subject generation from the
