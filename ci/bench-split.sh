@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Split-runtime step time, the mission's table: LoRA r16 on all 7 projections
 # of SmolLM2-135M, batch 1, SEQ tokens, `hexlora personalize` in four modes:
-#   unfused CPU            --transport cpu --no-fuse
-#   fused CPU              --transport cpu
-#   DSP offload, sync      --transport in-process --no-overlap
-#   DSP offload, overlap   --transport in-process
+#   unfused CPU            --device cpu --no-fuse
+#   fused CPU              --device cpu
+#   DSP offload, sync      --device dsp --no-overlap
+#   DSP offload, overlap   --device dsp
 # (the in-process transport runs the firmware crate natively: its software
 # tile engine stands in for HMX, so DSP times here are this machine's, not a
 # phone's), then the simulator transport (firmware under qemu-hexagon) next
@@ -49,16 +49,16 @@ retries() { awk -F'[][]' '/^row retries per step/ { print $2 }' "$tmp/$1.txt"; }
 losses() { grep -o '"loss":[^,]*' "$tmp/$1/metrics.jsonl" | cut -d: -f2 | paste -sd' '; }
 same() { [ "$(losses "$1")" = "$(losses "$2")" ] && echo yes || echo NO; }
 
-echo "== SmolLM2-135M, seq $SEQ, $STEPS steps, $THREADS threads, DSP rows over the ${DSP_TRANSPORT:-shm} transport"
-run unfused "$MODEL" "$tmp/smol.jsonl" "$STEPS" --transport cpu --no-fuse
-run fused "$MODEL" "$tmp/smol.jsonl" "$STEPS" --transport cpu
+echo "== SmolLM2-135M, seq $SEQ, $STEPS steps, $THREADS threads, DSP rows on --device ${DSP_DEVICE:-dsp-shm}"
+run unfused "$MODEL" "$tmp/smol.jsonl" "$STEPS" --device cpu --no-fuse
+run fused "$MODEL" "$tmp/smol.jsonl" "$STEPS" --device cpu
 # The DSP rows use the shared-memory transport: its service runs on its own
 # thread, so the LoRA branch can really overlap the request. The in-process
 # transport dispatches on the calling thread, so "overlapped" would equal
 # "synchronous" there by construction.
-DSP_TRANSPORT=${DSP_TRANSPORT:-shm}
-run sync "$MODEL" "$tmp/smol.jsonl" "$STEPS" --transport "$DSP_TRANSPORT" --buckets "$SEQ" --no-overlap
-run overlap "$MODEL" "$tmp/smol.jsonl" "$STEPS" --transport "$DSP_TRANSPORT" --buckets "$SEQ"
+DSP_DEVICE=${DSP_DEVICE:-dsp-shm}
+run sync "$MODEL" "$tmp/smol.jsonl" "$STEPS" --device "$DSP_DEVICE" --buckets "$SEQ" --no-overlap
+run overlap "$MODEL" "$tmp/smol.jsonl" "$STEPS" --device "$DSP_DEVICE" --buckets "$SEQ"
 grep -E '^(resident|policy|all FP16|planner)' "$tmp/overlap.txt"
 base=$(step_s unfused)
 printf '\n| mode | step s | vs unfused CPU | DSP in flight | row retries per step | step losses |\n|---|---|---|---|---|---|\n'
@@ -73,11 +73,11 @@ echo "losses identical: fused = unfused: $(same fused unfused); overlapped = syn
 
 echo
 echo "== tiny Llama fixture (hidden 48), seq 32, $TINY_STEPS steps, FP16 resident"
-run tiny-native "$TINY" "$tmp/tiny.jsonl" "$TINY_STEPS" --transport in-process --precision f16 --buckets 32 --rank 4 --targets q_proj,v_proj,down_proj
+run tiny-native "$TINY" "$tmp/tiny.jsonl" "$TINY_STEPS" --device dsp --precision f16 --buckets 32 --rank 4 --targets q_proj,v_proj,down_proj
 printf '| transport | step s | step losses |\n|---|---|---|\n'
 printf '| in-process | %s | %s |\n' "$(step_s tiny-native)" "$(losses tiny-native)"
 if [ -n "${HEXLORA_SIM_SERVICE:-}" ] && [ -f "$HEXLORA_SIM_SERVICE" ]; then
-  run tiny-sim "$TINY" "$tmp/tiny.jsonl" "$TINY_STEPS" --transport sim --precision f16 --buckets 32 --rank 4 --targets q_proj,v_proj,down_proj
+  run tiny-sim "$TINY" "$tmp/tiny.jsonl" "$TINY_STEPS" --device dsp-sim --precision f16 --buckets 32 --rank 4 --targets q_proj,v_proj,down_proj
   printf '| simulator (qemu-hexagon) | %s | %s |\n' "$(step_s tiny-sim)" "$(losses tiny-sim)"
   echo
   echo "losses identical: simulator = in-process: $(same tiny-sim tiny-native)"

@@ -9,7 +9,7 @@ use hexlora::lora::tensor_file::TensorFile;
 fn check(arch: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("grads.safetensors");
-    let run = support::grad_command(arch, &out).args(["--backend", "cpu"]).output().unwrap();
+    let run = support::grad_command(arch, &out).args(["--device", "cpu"]).output().unwrap();
     assert!(run.status.success(), "hexlora grad on {arch}: {}", String::from_utf8_lossy(&run.stderr));
     let got = TensorFile::read(&out).unwrap();
     let want = TensorFile::read(&support::root().join("tests/fixtures/training").join(arch).join("expected.safetensors")).unwrap();

@@ -90,7 +90,7 @@ fn run_committing(out: &Path, resume: bool, stop_after: Option<u64>, commit_ever
     let model = model();
     let (net, train) = configs();
     let fresh = HyperNet::init(net, &model, None, 1).unwrap();
-    hypertrain(&model, &ByteText, &users(), fresh, None, &train, out, HyperRun { resume, progress: false, stop_after, commit_every, on_step: None })
+    hypertrain(&model, &ByteText, &users(), fresh, None, &train, out, HyperRun { resume, progress: false, stop_after, commit_every, hooks: None })
 }
 
 fn bits(net: &HyperNet) -> Vec<Vec<u32>> {

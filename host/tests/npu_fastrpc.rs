@@ -1,8 +1,8 @@
-//! The FastRPC transport end to end, off a phone: `hexlora grad --backend
+//! The FastRPC transport end to end, off a phone: `hexlora grad --device
 //! dsp-fastrpc` through `dsp/fastrpc-standin` (a native libcdsprpc.so
 //! stand-in serving the skel built with the device's HAP paths, named by
 //! `HEXLORA_FASTRPC_LIB`; `ci/fastrpc-standin.sh` builds it) gives the same
-//! bits as `--backend dsp` (the firmware crate in-process) on the Llama and
+//! bits as `--device dsp` (the firmware crate in-process) on the Llama and
 //! Qwen3.5 fixtures: rpcmem + fastrpc_mmap + the skel's map method, the
 //! remote_arg layout of every call and the skel's exported entry points all
 //! line up. What only a phone checks is listed in that crate's docs.
@@ -26,9 +26,9 @@ fn standin() -> Option<PathBuf> {
 
 fn grad(arch: &str, backend: &str, precision: &str, out_dir: &Path) -> Vec<u8> {
     let out = out_dir.join(format!("{arch}-{backend}-{precision}.safetensors"));
-    let run = support::grad_command(arch, &out).args(["--backend", backend, "--precision", precision]).output().unwrap();
+    let run = support::grad_command(arch, &out).args(["--device", backend, "--precision", precision]).output().unwrap();
     let text = String::from_utf8_lossy(&run.stdout).to_string() + &String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "hexlora grad --backend {backend} on {arch} failed:\n{text}");
+    assert!(run.status.success(), "hexlora grad --device {backend} on {arch} failed:\n{text}");
     assert!(text.contains(", 0 on the CPU"), "{arch} {backend}: not every projection was resident:\n{text}");
     std::fs::read(&out).unwrap()
 }
@@ -60,7 +60,7 @@ fn qwen35_fastrpc_gradients_equal_in_process_bit_for_bit() {
 fn missing_fastrpc_library_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
     let run = support::grad_command("llama", &tmp.path().join("out.safetensors"))
-        .args(["--backend", "dsp-fastrpc"])
+        .args(["--device", "dsp-fastrpc"])
         .env("HEXLORA_FASTRPC_LIB", tmp.path().join("libcdsprpc.so"))
         .output()
         .unwrap();

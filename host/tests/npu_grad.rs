@@ -1,4 +1,4 @@
-//! `hexlora grad --backend cpu|dsp|dsp-sim` on the tiny training fixtures
+//! `hexlora grad --device cpu|dsp|dsp-sim` on the tiny training fixtures
 //! of every architecture: the LoRA gradients with frozen projections served
 //! by the DSP firmware agree with the f32 CPU reference within the
 //! precision's tolerance, and the native firmware (`dsp`) and the Hexagon
@@ -42,9 +42,9 @@ fn fixture(arch: &str) -> PathBuf {
 
 fn grad(arch: &str, backend: &str, precision: &str, out_dir: &Path) -> TensorFile {
     let out = out_dir.join(format!("{arch}-{backend}-{precision}.safetensors"));
-    let run = support::grad_command(arch, &out).args(["--backend", backend, "--precision", precision]).output().unwrap();
+    let run = support::grad_command(arch, &out).args(["--device", backend, "--precision", precision]).output().unwrap();
     let text = String::from_utf8_lossy(&run.stdout).to_string() + &String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "hexlora grad --backend {backend} on {arch} failed:\n{text}");
+    assert!(run.status.success(), "hexlora grad --device {backend} on {arch} failed:\n{text}");
     if backend != "cpu" {
         // Every per-layer projection is resident on the DSP (none left on the CPU).
         assert!(text.contains(", 0 on the CPU"), "{arch} {backend}: {text}");

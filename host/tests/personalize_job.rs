@@ -24,22 +24,22 @@ fn write_data(path: &Path) {
     std::fs::write(path, lines.join("\n")).unwrap();
 }
 
-/// The job on `transport` with fake (empty) energy roots and no thermal sources.
-fn job(data: &Path, out: &Path, transport: &str, steps: u32, sys: &Path) -> Command {
-    job_at(data, out, transport, "f16", steps, sys)
+/// The job on `device` with fake (empty) energy roots and no thermal sources.
+fn job(data: &Path, out: &Path, device: &str, steps: u32, sys: &Path) -> Command {
+    job_at(data, out, device, "f16", steps, sys)
 }
 
-fn job_at(data: &Path, out: &Path, transport: &str, precision: &str, steps: u32, sys: &Path) -> Command {
-    job_on(&model_dir(), "q_proj,v_proj,down_proj", data, out, transport, precision, steps, sys)
+fn job_at(data: &Path, out: &Path, device: &str, precision: &str, steps: u32, sys: &Path) -> Command {
+    job_on(&model_dir(), "q_proj,v_proj,down_proj", data, out, device, precision, steps, sys)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn job_on(model: &Path, targets: &str, data: &Path, out: &Path, transport: &str, precision: &str, steps: u32, sys: &Path) -> Command {
+fn job_on(model: &Path, targets: &str, data: &Path, out: &Path, device: &str, precision: &str, steps: u32, sys: &Path) -> Command {
     let mut c = support::hexlora();
     c.args(["personalize", "--quiet", "--rank", "4", "--alpha", "8", "--lr", "5e-3", "--seed", "3", "--targets", targets]);
     // The fixture's widths (48, 80) are not multiples of 32, so Q8_0 cannot
     // hold them; FP16 puts the projections on the service.
-    c.args(["--transport", transport, "--precision", precision, "--buckets", "16,32", "--steps", &steps.to_string()]);
+    c.args(["--device", device, "--precision", precision, "--buckets", "16,32", "--steps", &steps.to_string()]);
     c.arg("--model").arg(model).arg("--data").arg(data).arg("--out").arg(out);
     c.arg("--powercap-root").arg(sys.join("powercap")).arg("--power-supply-root").arg(sys.join("power_supply"));
     c.arg("--battery-temp").arg(sys.join("battery_temp")).arg("--pacing-poll").arg("0.02");
@@ -70,10 +70,10 @@ fn two_runs_are_bit_identical_on_the_cpu_and_on_the_in_process_service() {
     let data = dir.path().join("d.jsonl");
     write_data(&data);
     std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
-    for transport in ["cpu", "in-process"] {
-        let (a, b) = (dir.path().join(format!("{transport}-a")), dir.path().join(format!("{transport}-b")));
-        let log = run_ok(job(&data, &a, transport, 8, dir.path()));
-        run_ok(job(&data, &b, transport, 8, dir.path()));
+    for device in ["cpu", "dsp"] {
+        let (a, b) = (dir.path().join(format!("{device}-a")), dir.path().join(format!("{device}-b")));
+        let log = run_ok(job(&data, &a, device, 8, dir.path()));
+        run_ok(job(&data, &b, device, 8, dir.path()));
         assert_same_run(&a, &b);
         let routes: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(a.join("routes.json")).unwrap()).unwrap();
         let routes = routes["routes"].as_array().unwrap();
@@ -81,7 +81,7 @@ fn two_runs_are_bit_identical_on_the_cpu_and_on_the_in_process_service() {
         // 2 layers x 7 projections x 2 directions x 2 buckets.
         assert_eq!(routes.len(), 56);
         assert!(log.contains(&format!("planner: {on_dsp} of 56 routes on the DSP")), "{log}");
-        if transport == "cpu" {
+        if device == "cpu" {
             assert_eq!(on_dsp, 0);
         } else {
             assert_eq!(on_dsp, 56, "every FP16 probe passes on the fixture: {log}");
@@ -100,7 +100,7 @@ fn a_second_run_takes_its_routes_from_the_plan_cache_and_a_corrupt_cache_is_rebu
     std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
     let run = |name: &str| {
         let out = dir.path().join(name);
-        let log = run_ok(job(&data, &out, "in-process", 2, dir.path()));
+        let log = run_ok(job(&data, &out, "dsp", 2, dir.path()));
         (out.clone(), log, std::fs::read_to_string(out.join("routes.json")).unwrap())
     };
     let (a, first, routes_a) = run("a");
@@ -172,9 +172,9 @@ fn sigterm_stops_after_a_commit_and_a_rerun_finishes_bit_identical() {
     std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
     let steps = 200;
     let whole = dir.path().join("whole");
-    run_ok(job(&data, &whole, "in-process", steps, dir.path()));
+    run_ok(job(&data, &whole, "dsp", steps, dir.path()));
     let stopped = dir.path().join("stopped");
-    let child = job(&data, &stopped, "in-process", steps, dir.path()).stdout(Stdio::piped()).spawn().unwrap();
+    let child = job(&data, &stopped, "dsp", steps, dir.path()).stdout(Stdio::piped()).spawn().unwrap();
     let start = Instant::now();
     while !stopped.join("commit.safetensors").exists() {
         assert!(start.elapsed() < Duration::from_secs(120), "no commit appeared");
@@ -188,7 +188,7 @@ fn sigterm_stops_after_a_commit_and_a_rerun_finishes_bit_identical() {
     assert!(at < steps as u64, "the run finished before SIGTERM arrived; raise `steps`");
     assert!(log.contains(&format!("SIGTERM: stopped after step {at} (committed)")), "{log}");
     assert!(!stopped.join("adapter").exists());
-    let log = run_ok(job(&data, &stopped, "in-process", steps, dir.path()));
+    let log = run_ok(job(&data, &stopped, "dsp", steps, dir.path()));
     assert!(log.contains("resuming the run"), "{log}");
     assert_same_run(&whole, &stopped);
 }
@@ -202,7 +202,7 @@ fn projections_the_service_refuses_run_on_the_cpu_path_with_the_reason() {
     // MLP in Q8_0: the service refuses widths 48 and 80 (not multiples of
     // 32); attention stays FP16 on the service.
     let mixed = dir.path().join("mixed");
-    let log = run_ok(job_at(&data, &mixed, "in-process", "mlp=q8_0,attention=f16", 4, dir.path()));
+    let log = run_ok(job_at(&data, &mixed, "dsp", "mlp=q8_0,attention=f16", 4, dir.path()));
     assert!(log.contains("planner: 32 of 56 routes on the DSP"), "{log}");
     let routes: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(mixed.join("routes.json")).unwrap()).unwrap();
     for r in routes["routes"].as_array().unwrap() {
@@ -216,7 +216,7 @@ fn projections_the_service_refuses_run_on_the_cpu_path_with_the_reason() {
     }
     // All refused: the run is the CPU path's, bit for bit.
     let (refused, cpu) = (dir.path().join("refused"), dir.path().join("cpu"));
-    let log = run_ok(job_at(&data, &refused, "in-process", "q8_0", 4, dir.path()));
+    let log = run_ok(job_at(&data, &refused, "dsp", "q8_0", 4, dir.path()));
     assert!(log.contains("planner: 0 of 56 routes on the DSP"), "{log}");
     run_ok(job(&data, &cpu, "cpu", 4, dir.path()));
     assert_same_run(&refused, &cpu);
@@ -243,14 +243,14 @@ fn killing_the_simulator_for_good_mid_run_falls_back_to_the_cpu_and_finishes() {
     write_data(&data);
     std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
     let steps = 40;
-    let reference = dir.path().join("in-process");
-    run_ok(job(&data, &reference, "in-process", steps, dir.path()));
+    let reference = dir.path().join("dsp");
+    run_ok(job(&data, &reference, "dsp", steps, dir.path()));
     // A private copy of the service: deleting it makes every restart fail,
     // so the client gives up and the run must switch to the CPU path.
     let copy = dir.path().join("sim_service");
     std::fs::copy(&service, &copy).unwrap();
     let out = dir.path().join("sim");
-    let mut cmd = job(&data, &out, "sim", steps, dir.path());
+    let mut cmd = job(&data, &out, "dsp-sim", steps, dir.path());
     let child = cmd.env("HEXLORA_SIM_SERVICE", &copy).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let start = Instant::now();
     while !out.join("commit.safetensors").exists() {
@@ -290,7 +290,7 @@ fn qwen35_keeps_recurrent_projections_in_fp16_on_the_service() {
     let mut logs = Vec::new();
     for out in [&a, &b] {
         let targets = "in_proj_qkv,out_proj,q_proj,down_proj";
-        logs.push(run_ok(job_on(&model, targets, &data, out, "in-process", "default", 3, dir.path())));
+        logs.push(run_ok(job_on(&model, targets, &data, out, "dsp", "default", 3, dir.path())));
     }
     assert_same_run(&a, &b);
     let routes: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(a.join("routes.json")).unwrap()).unwrap();

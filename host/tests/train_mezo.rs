@@ -8,8 +8,8 @@ use hexlora::optim::schedule::{Decay, Schedule};
 use hexlora::train::decoder_graph::DecoderGraph;
 use hexlora::train::grad::evaluate;
 use hexlora::train::graph::{Batch, TrainableModel};
-use hexlora::train::mezo_loop::{train_mezo, MezoConfig, MezoState};
-use hexlora::train::trainer::{RunOptions, TrainConfig};
+use hexlora::train::mezo_loop::{train_mezo, MezoConfig, MezoState, RunOptions};
+use hexlora::train::trainer::TrainConfig;
 use std::path::PathBuf;
 
 fn model() -> DecoderGraph {
@@ -44,7 +44,7 @@ fn config(steps: u64, lr: f32) -> MezoConfig {
 }
 
 fn quiet() -> RunOptions<'static> {
-    RunOptions { resume: false, progress: false, stop_after: None, on_step: None }
+    RunOptions::quiet()
 }
 
 fn bits(s: &MezoState) -> (Vec<u32>, Vec<Vec<u32>>) {

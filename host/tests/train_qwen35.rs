@@ -41,7 +41,7 @@ fn config(activation_cap: Option<u64>) -> TrainConfig {
 fn qwen35_trains_and_recompute_is_bit_identical() {
     let model = hexlora::train::open_trainable(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training/qwen35/model")).unwrap();
     assert_eq!(model.projections().len(), 2 * 8 + 7);
-    let quiet = || RunOptions { resume: false, progress: false, stop_after: None, on_step: None };
+    let quiet = || RunOptions::quiet();
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let kept = train(model.as_ref(), &data(), &config(None), d1.path(), quiet()).unwrap();
     let recomputed = train(model.as_ref(), &data(), &config(Some(0)), d2.path(), quiet()).unwrap();
@@ -61,7 +61,7 @@ fn qwen35_trains_and_recompute_is_bit_identical() {
 #[test]
 fn qwen35_trains_from_gguf_as_from_its_hf_directory() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny-qwen35-gguf");
-    let quiet = || RunOptions { resume: false, progress: false, stop_after: None, on_step: None };
+    let quiet = || RunOptions::quiet();
     let mut cfg = config(None);
     cfg.schedule.total = 4;
     let run = |path: &std::path::Path| {

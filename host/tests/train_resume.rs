@@ -41,7 +41,7 @@ fn config(steps: u64) -> TrainConfig {
 }
 
 fn quiet() -> RunOptions<'static> {
-    RunOptions { resume: false, progress: false, stop_after: None, on_step: None }
+    RunOptions::quiet()
 }
 
 fn assert_same(a: &TrainState, b: &TrainState) {

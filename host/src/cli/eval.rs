@@ -75,9 +75,9 @@ struct ModelArgs {
     /// LoRA alpha.
     #[arg(long, default_value_t = 16.0)]
     alpha: f32,
-    /// Comma-separated LoRA target modules.
-    #[arg(long, default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
-    targets: String,
+    /// LoRA target modules, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
+    targets: Vec<String>,
     /// Optimizer steps (one example each) of the common LoRA.
     #[arg(long, default_value_t = 64)]
     common_steps: u64,
@@ -134,7 +134,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         max_len: m.max_len,
         rank: m.rank,
         alpha: m.alpha,
-        targets: m.targets.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        targets: super::args::module_names(&m.targets),
         common: Budget { steps: m.common_steps, lr: m.common_lr },
         user: Budget { steps: m.user_steps, lr: m.user_lr },
         mezo_lr: m.mezo_lr,

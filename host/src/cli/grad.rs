@@ -2,10 +2,11 @@
 //! safetensors, to compare a model port with PyTorch + PEFT, and the NPU
 //! backends with the CPU.
 //!
-//! Backends: `cpu` is the f32 reference; `dsp` serves every frozen
+//! Devices: `cpu` is the f32 reference; `dsp` serves every frozen
 //! per-layer projection from the firmware built natively (in-process
-//! transport); `dsp-sim` from the Hexagon firmware under qemu-hexagon
-//! (simulator transport). Weights are resident in the precision the policy
+//! transport); `dsp-shm` from it on a thread behind shared memory;
+//! `dsp-sim` from the Hexagon firmware under qemu-hexagon (simulator
+//! transport); `dsp-fastrpc` through FastRPC. Weights are resident in the precision the policy
 //! (`--precision`) gives their kind; a Q8_0 weight whose `in_features` is
 //! not a multiple of 32 is kept FP16 instead, and anything the service
 //! refuses outright stays on the CPU. The vocabulary head is always on the
@@ -13,34 +14,20 @@
 use crate::lora::tensor_file::TensorFile;
 use crate::lora::Adapter;
 use crate::model::checkpoint::Checkpoint;
-use crate::model::config::Arch;
+use super::args::Device;
+use crate::model::cpu_projection::FrozenDtype;
 use crate::model::decoder::{cpu_projection, ProjectionFactory};
 use crate::model::source::RawTensor;
-use crate::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy, TransportKind};
+use crate::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
 use crate::tensor::Tensor;
-use crate::train::decoder_graph::DecoderGraph;
 use crate::train::grad::compute_grads;
 use crate::train::graph::{Batch, GraphOptions, TrainableModel};
-use crate::train::qwen35_graph::Qwen35Graph;
 use crate::Error;
 use anyhow::Context;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
-
-/// Where the frozen projections are computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// f32 on the CPU (the reference).
-    Cpu,
-    /// The DSP firmware built natively, in this process.
-    Dsp,
-    /// The Hexagon firmware under qemu-hexagon (needs HEXLORA_SIM_SERVICE or --sim-service).
-    DspSim,
-    /// The skel through FastRPC: libcdsprpc.so on a device, or the stand-in HEXLORA_FASTRPC_LIB names.
-    DspFastrpc,
-}
 
 /// Arguments of `hexlora grad`.
 #[derive(clap::Args)]
@@ -61,8 +48,8 @@ pub struct Args {
     #[arg(long)]
     out: PathBuf,
     /// Where the frozen projections run.
-    #[arg(long, value_enum, default_value = "cpu")]
-    backend: Backend,
+    #[arg(long, value_enum, alias = "backend", default_value = "cpu")]
+    device: Device,
     /// NPU precision policy: `default` (recurrent f16, attention and MLP
     /// q8_0), `f16`, `q8_0`, or overrides like `attention=f16,mlp=q8_0`.
     #[arg(long, default_value = "default")]
@@ -97,12 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn open_model(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<Box<dyn TrainableModel>> {
-    let kind = match args.backend {
-        Backend::Cpu => return Ok(open_with(ckpt, &cpu_projection)?),
-        Backend::Dsp => TransportKind::InProcess,
-        Backend::DspSim => TransportKind::Simulator,
-        Backend::DspFastrpc => TransportKind::FastRpc,
-    };
+    let Some(kind) = args.device.transport() else { return Ok(open_with(ckpt, &cpu_projection)?) };
     let policy = PrecisionPolicy::parse(&args.precision)?;
     let options = NpuOptions { sim_service: args.sim_service.clone(), ..NpuOptions::default() };
     let client = NpuClient::connect(kind, &options).with_context(|| format!("connecting to the DSP service ({kind})"))?;
@@ -155,13 +137,8 @@ fn npu_projection(
     }
 }
 
-/// The training graph of the checkpoint's architecture, with `make`
-/// building the frozen projections.
-pub fn open_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>) -> crate::Result<Box<dyn TrainableModel>> {
-    let (src, cfg) = (ckpt.tensors(), ckpt.config.clone());
-    if cfg.arch == Arch::Qwen35 {
-        Ok(Box::new(Qwen35Graph::load_with(src, cfg, make)?))
-    } else {
-        Ok(Box::new(DecoderGraph::load_with(src, cfg, make)?))
-    }
+/// The training graph of the checkpoint's architecture, frozen
+/// projections built by `make`, embeddings and head in f32.
+fn open_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>) -> crate::Result<Box<dyn TrainableModel>> {
+    crate::train::trainable_with(ckpt, make, FrozenDtype::F32, false)
 }

@@ -2,6 +2,8 @@
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
 use crate::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
+use crate::train::learner::AfterStep;
+use super::args::module_names;
 use crate::eval::lamp::read_lamp_dir;
 use crate::hyper::commit::HyperState;
 use crate::hyper::heldout::HeldOutSet;
@@ -95,9 +97,9 @@ pub struct Args {
     /// Parallel heads or the shared trunk.
     #[arg(long, value_enum, default_value_t = HeadVariant::Parallel)]
     variant: HeadVariant,
-    /// Comma-separated modules of the generated LoRA.
-    #[arg(long, default_value = "q_proj,k_proj,v_proj,o_proj")]
-    targets: String,
+    /// Modules of the generated LoRA, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj")]
+    targets: Vec<String>,
     /// Context token budget.
     #[arg(long, default_value_t = 512)]
     context_tokens: usize,
@@ -122,10 +124,8 @@ pub struct Args {
     quiet: bool,
 }
 
-/// Runs `hexlora hypertrain`.
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = DecoderGraph::open(&args.model)?;
-    let text = ModelText::open(&args.model)?;
+/// The population and the held-out users of `--dev-split`.
+fn users_of(args: &Args) -> anyhow::Result<(Vec<UserRecord>, Vec<UserRecord>)> {
     let users = match (&args.bench, &args.data) {
         (Some(dir), _) => bench_users(dir, &args.split, args.max_prompt_chars)?,
         (None, Some(path)) => load_users(path)?,
@@ -136,13 +136,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(_)) => anyhow::bail!("--dev-split needs --bench"),
         _ => Vec::new(),
     };
-    let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
-    let targets: Vec<String> = args.targets.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
-    let (out_rank, out_alpha, out_targets) = match &common {
+    Ok((users, dev))
+}
+
+/// The network's shape; the generated LoRA takes `common`'s rank, alpha
+/// and targets when there is one.
+fn hyper_config(args: &Args, common: Option<&Adapter>) -> HyperConfig {
+    let (out_rank, out_alpha, out_targets) = match common {
         Some(c) => (c.config.r, c.config.alpha, c.config.target_modules.clone()),
-        None => (args.out_rank, args.out_alpha, targets),
+        None => (args.out_rank, args.out_alpha, module_names(&args.targets)),
     };
-    let config = HyperConfig {
+    HyperConfig {
         embed_rank: args.embed_rank,
         embed_alpha: 2.0 * args.embed_rank as f32,
         out_rank,
@@ -153,9 +157,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         context_tokens: args.context_tokens,
         base_model: args.model.display().to_string(),
         ..HyperConfig::default()
-    };
-    let fresh = HyperNet::init(config, &model, common.as_ref(), args.seed)?;
-    let train = HyperTrainConfig {
+    }
+}
+
+fn train_config(args: &Args) -> HyperTrainConfig {
+    HyperTrainConfig {
         simcse_steps: args.simcse_steps,
         e2e_steps: args.steps,
         users_per_step: args.users_per_step,
@@ -170,17 +176,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_grad_norm: (args.max_grad_norm > 0.0).then_some(args.max_grad_norm),
         seed: args.seed,
         recompute: args.recompute,
-    };
+    }
+}
+
+/// Runs `hexlora hypertrain`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let model = DecoderGraph::open(&args.model)?;
+    let text = ModelText::open(&args.model)?;
+    let (users, dev) = users_of(&args)?;
+    let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
+    let fresh = HyperNet::init(hyper_config(&args, common.as_ref()), &model, common.as_ref(), args.seed)?;
+    let train = train_config(&args);
     let heldout = match dev.is_empty() {
         true => None,
         false => Some(HeldOut::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, args.resume)?),
     };
     let total = train.simcse_steps + train.e2e_steps;
-    let mut on_step = |state: &HyperState| match &heldout {
+    let mut on_step = AfterStep(|state: &HyperState| match &heldout {
         Some(h) if state.step % args.dev_every.max(1) == 0 || state.step == total => h.record(&model, &state.net, state.step),
         _ => Ok(()),
-    };
-    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: None, commit_every: args.commit_every, on_step: Some(&mut on_step) };
+    });
+    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: None, commit_every: args.commit_every, hooks: Some(&mut on_step) };
     let state = hypertrain(&model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?;
     let first = |stage| state.history.iter().find(|r| r.stage == stage).map(|r| r.loss);
     let last = |stage| state.history.iter().rev().find(|r| r.stage == stage).map(|r| r.loss);

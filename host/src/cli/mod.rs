@@ -1,6 +1,7 @@
 //! `hexlora` subcommands: one file each; this file only dispatches.
 use clap::{Parser, Subcommand};
 
+mod args;
 mod bench;
 mod grad;
 mod hypertrain;

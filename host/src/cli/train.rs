@@ -1,30 +1,29 @@
 //! `hexlora train`: LoRA fine-tuning from JSONL into a PEFT adapter, with
 //! commits after every optimizer step and `--resume`.
-use crate::lora::LoraConfig;
-use crate::model::cpu_projection::FrozenDtype;
-use crate::optim::adamw::AdamWConfig;
-use crate::optim::schedule::{Decay, Schedule};
-use crate::lora::Adapter;
-use crate::train::data::load_jsonl;
-use crate::train::grad::evaluate;
-use crate::train::text_encoder::ModelText;
-use crate::train::graph::TrainableModel;
+use super::args::{OptimDefaults, TrainingArgs};
+use crate::lora::{Adapter, LoraConfig};
 use crate::model::checkpoint::Checkpoint;
-use crate::train::trainer::{train, RunOptions, TrainConfig};
-use crate::train::mezo_loop::{train_mezo, MezoConfig};
+use crate::model::cpu_projection::FrozenDtype;
 use crate::optim::mezo::Mezo;
+use crate::train::commit::{StepRecord, TrainState};
+use crate::train::data::{load_jsonl, Encoder};
+use crate::train::graph::{Batch, TrainableModel};
+use crate::train::grad::evaluate;
+use crate::train::learner::AfterStep;
+use crate::train::mezo_loop::{self, train_mezo, MezoConfig, MezoState};
+use crate::train::text_encoder::ModelText;
+use crate::train::trainer::{train, RunOptions, TrainConfig};
 use anyhow::Context;
 use std::path::PathBuf;
+
+/// What `train` picks where the shared options leave a value unset.
+const DEFAULTS: OptimDefaults = OptimDefaults { weight_decay: 0.0, head_chunk: 256 };
 
 /// Arguments of `hexlora train`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF file or Hugging Face model directory.
-    #[arg(long)]
-    model: PathBuf,
-    /// JSONL: {"prompt","completion"}, {"messages"} or {"input_ids","labels"}.
-    #[arg(long)]
-    data: PathBuf,
+    #[command(flatten)]
+    training: TrainingArgs,
     /// Run directory: commit.safetensors, metrics.jsonl, loss.svg, adapter/.
     #[arg(long)]
     out: PathBuf,
@@ -40,48 +39,6 @@ pub struct Args {
     /// --rank, --alpha and --targets.
     #[arg(long, conflicts_with = "resume")]
     init_adapter: Option<PathBuf>,
-    /// Optimizer steps (default: one epoch).
-    #[arg(long)]
-    steps: Option<u64>,
-    /// Examples per optimizer step.
-    #[arg(long, default_value_t = 1)]
-    grad_accum: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 2e-4)]
-    lr: f32,
-    /// Warm-up steps.
-    #[arg(long, default_value_t = 0)]
-    warmup: u64,
-    /// Decay after warm-up.
-    #[arg(long, value_enum, default_value_t = Decay::Cosine)]
-    schedule: Decay,
-    /// AdamW weight decay.
-    #[arg(long, default_value_t = 0.0)]
-    weight_decay: f32,
-    /// Clip the gradient norm (0 = off).
-    #[arg(long, default_value_t = 1.0)]
-    max_grad_norm: f32,
-    /// LoRA rank.
-    #[arg(long, default_value_t = 16)]
-    rank: usize,
-    /// LoRA alpha.
-    #[arg(long, default_value_t = 32.0)]
-    alpha: f32,
-    /// LoRA dropout.
-    #[arg(long, default_value_t = 0.05)]
-    dropout: f32,
-    /// Comma-separated target modules.
-    #[arg(long, default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
-    targets: String,
-    /// Truncate examples to this many tokens.
-    #[arg(long, default_value_t = 512)]
-    max_len: usize,
-    /// Seed (data order, init, dropout).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Activation memory cap in MiB (also bounded by MemAvailable).
-    #[arg(long)]
-    activation_cap_mb: Option<u64>,
     /// adamw (backprop) or mezo (forward-only SPSA, the baseline).
     #[arg(long, value_enum, default_value_t = Optimizer::Adamw)]
     optimizer: Optimizer,
@@ -123,100 +80,68 @@ fn peak_rss_mib() -> Option<f64> {
     Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
 }
 
+/// The model, its examples and the run's configuration, opened once.
+struct Opened {
+    model: Box<dyn TrainableModel>,
+    data: Vec<Batch>,
+    eval: Option<Vec<Batch>>,
+    config: TrainConfig,
+    init: Option<Adapter>,
+}
+
+fn open(args: &Args) -> anyhow::Result<Opened> {
+    let d = &args.training.data;
+    let ckpt = Checkpoint::open(&d.model).with_context(|| format!("loading {}", d.model.display()))?;
+    let model = crate::train::trainable(&ckpt, args.frozen_dtype, args.no_fuse)?;
+    // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
+    let text = ModelText::of(&ckpt).ok();
+    let enc = text.as_ref().map(|t| t as &dyn Encoder);
+    let (data, skipped) = load_jsonl(&d.data, enc, d.max_len)?;
+    if skipped > 0 {
+        eprintln!("skipped {skipped} examples with no completion tokens left after truncation");
+    }
+    let eval = args.eval_data.as_ref().map(|p| load_jsonl(p, enc, d.max_len).map(|r| r.0)).transpose()?;
+    let mut config = args.training.config(data.len(), &DEFAULTS);
+    let init = match &args.init_adapter {
+        Some(p) => {
+            let init = Adapter::open(p, &ckpt.config).with_context(|| format!("loading --init-adapter {}", p.display()))?;
+            init.check(&model.projections())?;
+            config.lora = LoraConfig { dropout: args.training.lora.dropout, base_model: config.lora.base_model.clone(), ..init.config.clone() };
+            Some(init)
+        }
+        None => None,
+    };
+    Ok(Opened { model, data, eval, config, init })
+}
+
 /// Runs `hexlora train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.profile {
         crate::autograd::profile::enable();
     }
-    let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let model: Box<dyn TrainableModel> = crate::train::trainable(&ckpt, args.frozen_dtype, args.no_fuse)?;
-    // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
-    let text = ModelText::of(&ckpt).ok();
-    let enc = text.as_ref().map(|t| t as &dyn crate::train::data::Encoder);
-    let (data, skipped) = load_jsonl(&args.data, enc, args.max_len)?;
-    if skipped > 0 {
-        eprintln!("skipped {skipped} examples with no completion tokens left after truncation");
-    }
-    let steps = args.steps.unwrap_or((data.len() / args.grad_accum.max(1)).max(1) as u64);
-    let config = TrainConfig {
-        lora: LoraConfig {
-            r: args.rank,
-            alpha: args.alpha,
-            target_modules: args.targets.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            dropout: args.dropout,
-            use_rslora: false,
-            base_model: args.model.display().to_string(),
-        },
-        adamw: AdamWConfig { weight_decay: args.weight_decay, ..Default::default() },
-        schedule: Schedule { lr: args.lr, warmup: args.warmup, total: steps, decay: args.schedule },
-        grad_accum: args.grad_accum,
-        max_grad_norm: (args.max_grad_norm > 0.0).then_some(args.max_grad_norm),
-        seed: args.seed,
-        activation_cap: args.activation_cap_mb.map(|m| m << 20),
-        head_chunk: 256,
-    };
-    let mut config = config;
-    let init = match &args.init_adapter {
-        Some(p) => {
-            let cfg = crate::model::checkpoint::Checkpoint::open(&args.model)?.config;
-            let init = Adapter::open(p, &cfg).with_context(|| format!("loading --init-adapter {}", p.display()))?;
-            init.check(&model.projections())?;
-            config.lora = LoraConfig { dropout: args.dropout, base_model: config.lora.base_model.clone(), ..init.config.clone() };
-            Some(init)
-        }
-        None => None,
-    };
-    let eval = match &args.eval_data {
-        Some(p) => Some(load_jsonl(p, enc, args.max_len)?.0),
-        None => None,
-    };
-    let before = match &eval {
+    let o = open(&args)?;
+    let before = match &o.eval {
         Some(e) => {
-            let start = match &init {
+            let start = match &o.init {
                 Some(a) => a.clone(),
-                None => Adapter::init(config.lora.clone(), &model.projections(), 0)?,
+                None => Adapter::init(o.config.lora.clone(), &o.model.projections(), 0)?,
             };
-            Some(evaluate(&*model, &start, e)?)
+            Some(evaluate(&*o.model, &start, e)?)
         }
         None => None,
     };
-    // Tokens of this invocation's steps (a resumed run's history holds earlier ones too).
-    let mut tokens_here = 0u64;
-    let mut count = |r: &crate::train::commit::StepRecord| tokens_here += r.tokens;
-    if let Some(init) = &init {
+    if let Some(init) = &o.init {
         if args.out.join(crate::train::commit::COMMIT_FILE).exists() {
             anyhow::bail!("{} already holds a run: --resume it, or give --init-adapter a new --out", args.out.display());
         }
         std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
-        crate::train::trainer::commit_start(init, &config, &data, &args.out)?;
+        crate::train::trainer::commit_start(init, &o.config, &o.data, &args.out)?;
     }
-    let run = RunOptions { resume: args.resume || init.is_some(), progress: !args.quiet, stop_after: None, on_step: Some(&mut count) };
     let started = std::time::Instant::now();
-    let (history, adapter, steps) = match args.optimizer {
-        Optimizer::Adamw => {
-            let s = train(&*model, &data, &config, &args.out, run)?;
-            let step = s.step();
-            (s.history, s.adapter, step)
-        }
-        Optimizer::Mezo => {
-            let mezo = MezoConfig { train: config, mezo: Mezo { eps: args.mezo_eps, weight_decay: args.weight_decay } };
-            let s = train_mezo(&*model, &data, &mezo, &args.out, run)?;
-            (s.history, s.adapter, s.step)
-        }
-    };
-    let last = history.last().map_or(f32::NAN, |r| r.loss);
-    println!("trained {steps} steps, last loss {last:.4}; adapter in {}", args.out.join("adapter").display());
-    // Throughput over this invocation's steps after the first (warm-up).
-    let timed = history.iter().skip(1);
-    let (tokens, secs) = timed.fold((0u64, 0f64), |(t, s), r| (t + r.tokens, s + r.seconds));
-    if secs > 0.0 {
-        println!("train tok/s: {:.1}", tokens as f64 / secs);
-        // The figure above times the optimizer steps only; this one is the
-        // clock a user waits: warm-up step, per-step commits, final save.
-        println!("wall tok/s (incl. first step, commits, save): {:.1}", tokens_here as f64 / started.elapsed().as_secs_f64());
-    }
-    if let (Some(e), Some(before)) = (&eval, before) {
-        println!("held-out loss: before {before:.4} after {:.4}", evaluate(&*model, &adapter, e)?);
+    let (history, adapter, tokens_here) = train_with(&args, &o)?;
+    print_figures(&args, &history, tokens_here, started.elapsed().as_secs_f64());
+    if let (Some(e), Some(before)) = (&o.eval, before) {
+        println!("held-out loss: before {before:.4} after {:.4}", evaluate(&*o.model, &adapter, e)?);
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS MiB: {rss:.0}");
@@ -225,4 +150,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print!("{}", crate::autograd::profile::table());
     }
     Ok(())
+}
+
+/// Trains with the chosen optimizer: the run's history, the adapter, and
+/// the tokens of this invocation's steps (a resumed run's history holds
+/// earlier ones too).
+fn train_with(args: &Args, o: &Opened) -> anyhow::Result<(Vec<StepRecord>, Adapter, u64)> {
+    let resume = args.resume || o.init.is_some();
+    let mut tokens = 0u64;
+    let (history, adapter) = match args.optimizer {
+        Optimizer::Adamw => {
+            let mut count = AfterStep(|s: &TrainState| {
+                tokens += s.history.last().map_or(0, |r| r.tokens);
+                Ok(())
+            });
+            let run = RunOptions { resume, progress: !args.quiet, hooks: Some(&mut count), ..RunOptions::quiet() };
+            let s = train(&*o.model, &o.data, &o.config, &args.out, run)?;
+            (s.history, s.adapter)
+        }
+        Optimizer::Mezo => {
+            let mezo = MezoConfig { train: o.config.clone(), mezo: Mezo { eps: args.mezo_eps, weight_decay: args.training.optim.weight_decay(&DEFAULTS) } };
+            let mut count = AfterStep(|s: &MezoState| {
+                tokens += s.history.last().map_or(0, |r| r.tokens);
+                Ok(())
+            });
+            let run = mezo_loop::RunOptions { resume, progress: !args.quiet, hooks: Some(&mut count), ..mezo_loop::RunOptions::quiet() };
+            let s = train_mezo(&*o.model, &o.data, &mezo, &args.out, run)?;
+            (s.history, s.adapter)
+        }
+    };
+    Ok((history, adapter, tokens))
+}
+
+/// Steps, last loss and throughput.
+fn print_figures(args: &Args, history: &[StepRecord], tokens_here: u64, wall_s: f64) {
+    let last = history.last().map_or(f32::NAN, |r| r.loss);
+    println!("trained {} steps, last loss {last:.4}; adapter in {}", history.len(), args.out.join("adapter").display());
+    // Throughput over this invocation's steps after the first (warm-up).
+    let (tokens, secs) = history.iter().skip(1).fold((0u64, 0f64), |(t, s), r| (t + r.tokens, s + r.seconds));
+    if secs > 0.0 {
+        println!("train tok/s: {:.1}", tokens as f64 / secs);
+        // The figure above times the optimizer steps only; this one is the
+        // clock a user waits: warm-up step, per-step commits, final save.
+        println!("wall tok/s (incl. first step, commits, save): {:.1}", tokens_here as f64 / wall_s);
+    }
 }

@@ -22,10 +22,14 @@ use crate::optim::mezo::Mezo;
 use crate::optim::schedule::{Decay, Schedule};
 use crate::train::grad::evaluate;
 use crate::train::graph::{Batch, TrainableModel};
+use crate::tensor::Tensor;
+use crate::train::commit::StepRecord;
+use crate::train::learner::{self, Learner};
+use crate::train::mezo_loop::MezoState;
 use crate::train::trainer::{commit_start, example_index, train, RunOptions, TrainConfig};
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -268,55 +272,48 @@ impl ModelMethod {
     /// Trains from `init` (fresh PEFT init when `None`) into `dir` with the
     /// trainer; a start from an existing adapter is written as the run's
     /// first commit, which the trainer then resumes.
-    fn train_into(&self, data: &[Batch], budget: Budget, seed: u64, init: Option<&Adapter>, dir: &std::path::Path) -> Result<(Adapter, UserPrep)> {
+    fn train_into(&self, data: &[Batch], budget: Budget, seed: u64, init: Option<&Adapter>, dir: &Path) -> Result<(Adapter, UserPrep)> {
         let start = Instant::now();
-        if dir.exists() {
-            std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        fresh_dir(dir)?;
         let config = self.train_config(budget, seed);
         if let Some(init) = init {
             commit_start(init, &config, data, dir)?;
         }
-        let run = RunOptions { resume: init.is_some(), progress: false, stop_after: None, on_step: None };
+        let run = RunOptions { resume: init.is_some(), ..RunOptions::quiet() };
         let state = train(&self.model.graph, data, &config, dir, run)?;
-        let prep = UserPrep {
-            seconds: start.elapsed().as_secs_f64(),
-            tokens: state.history.iter().map(|r| r.tokens).sum(),
-            loss_curve: state.history.iter().map(|r| r.loss as f64).collect(),
-        };
-        Ok((state.adapter, prep))
+        Ok((state.adapter, prep_of(&state.history, start)))
     }
 
-    /// MeZO from the common LoRA over the same example stream as backprop.
-    fn mezo(&self, data: &[Batch], steps: u64, seed: u64) -> Result<(Adapter, UserPrep)> {
+    /// MeZO from the common LoRA over the same example stream as backprop,
+    /// one example a step, run by the training loop into `dir`.
+    fn mezo(&self, data: &[Batch], steps: u64, seed: u64, dir: &Path) -> Result<(Adapter, UserPrep)> {
         let start = Instant::now();
-        let mut adapter = self.common_adapter()?.clone();
-        let mut params: Vec<_> = adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+        fresh_dir(dir)?;
         let opt = Mezo { eps: self.cfg.mezo_eps, weight_decay: 0.0 };
         let schedule = Schedule { lr: self.cfg.mezo_lr, warmup: 0, total: steps, decay: Decay::Cosine };
-        let mut prep = UserPrep::default();
-        for step in 0..steps {
-            let batch = &data[example_index(seed, step, data.len())];
-            let template = adapter.clone();
-            let loss = |p: &[crate::tensor::Tensor]| {
-                let mut probe = template.clone();
-                for (m, pair) in probe.modules.iter_mut().zip(p.chunks_exact(2)) {
-                    m.a = pair[0].clone();
-                    m.b = pair[1].clone();
-                }
-                evaluate(&self.model.graph, &probe, std::slice::from_ref(batch))
-            };
-            let l = opt.step(&mut params, counter_rng::derive(seed, step), schedule.lr_at(step), loss)?;
-            prep.loss_curve.push(l as f64);
-            prep.tokens += 2 * batch.input_ids[0].len() as u64;
-        }
-        for (m, pair) in adapter.modules.iter_mut().zip(params.chunks_exact(2)) {
-            m.a = pair[0].clone();
-            m.b = pair[1].clone();
-        }
-        prep.seconds = start.elapsed().as_secs_f64();
-        Ok((adapter, prep))
+        let adapter = self.common_adapter()?.clone();
+        let state = MezoState { adapter, step: 0, cursor: 0, history: Vec::new(), fingerprint: format!("eval mezo {seed:016x}") };
+        let learner = Learner { out: dir, total: steps, title: "per-user MeZO loss" };
+        let state = learner.run(state, learner::RunOptions::quiet(), |s| self.mezo_step(data, &opt, &schedule, seed, s))?;
+        Ok((state.adapter, prep_of(&state.history, start)))
+    }
+
+    /// One MeZO step on the `step`-th example of the seeded stream; the
+    /// loss is [`evaluate`]'s mean token loss under the perturbed factors.
+    fn mezo_step(&self, data: &[Batch], opt: &Mezo, schedule: &Schedule, seed: u64, state: &mut MezoState) -> Result<StepRecord> {
+        let start = Instant::now();
+        let step = state.step;
+        let batch = &data[example_index(seed, step, data.len())];
+        let mut params: Vec<Tensor> = state.adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
+        let template = &state.adapter;
+        let loss = |p: &[Tensor]| evaluate(&self.model.graph, &with_factors(template, p), std::slice::from_ref(batch));
+        let lr = schedule.lr_at(step);
+        let measured = opt.step_measured(&mut params, counter_rng::derive(seed, step), lr, loss)?;
+        state.adapter = with_factors(&state.adapter, &params);
+        state.step += 1;
+        state.cursor += 1;
+        let tokens = 2 * batch.input_ids[0].len() as u64;
+        Ok(StepRecord { step: state.step, loss: measured.loss, lr, grad_norm: measured.projected_grad.abs(), tokens, seconds: start.elapsed().as_secs_f64() })
     }
 
     fn common_adapter(&self) -> Result<&Adapter> {
@@ -334,9 +331,36 @@ impl ModelMethod {
     }
 }
 
+/// `template` with its factors replaced by `params` (`[A0, B0, A1, ...]`).
+fn with_factors(template: &Adapter, params: &[Tensor]) -> Adapter {
+    let mut a = template.clone();
+    for (m, pair) in a.modules.iter_mut().zip(params.chunks_exact(2)) {
+        m.a = pair[0].clone();
+        m.b = pair[1].clone();
+    }
+    a
+}
+
+/// A user's preparation figures from the run's step records.
+fn prep_of(history: &[StepRecord], start: Instant) -> UserPrep {
+    UserPrep {
+        seconds: start.elapsed().as_secs_f64(),
+        tokens: history.iter().map(|r| r.tokens).sum(),
+        loss_curve: history.iter().map(|r| r.loss as f64).collect(),
+    }
+}
+
+/// Empties `dir` for a new run (a user's previous run is not resumed).
+fn fresh_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))
+}
+
 /// `held_out.json` next to the common LoRA's metrics: mean token loss of
 /// the held-out train examples under the base model and the trained LoRA.
-fn write_held_out(dir: &std::path::Path, trained_on: usize, held: usize, before: f32, after: f32) -> Result<()> {
+fn write_held_out(dir: &Path, trained_on: usize, held: usize, before: f32, after: f32) -> Result<()> {
     let v = serde_json::json!({ "trained_on": trained_on, "held_out": held, "loss_base": before, "loss_common_lora": after });
     let path = dir.join("held_out.json");
     std::fs::write(&path, v.to_string()).map_err(|e| Error::io(&path, e))?;
@@ -414,7 +438,7 @@ impl Method for ModelMethod {
                 let common = self.common_adapter()?.clone();
                 self.train_into(&data, self.user_budget(data.len()), seed, Some(&common), &self.user_dir(user))?
             }
-            _ => self.mezo(&data, self.user_budget(data.len()).steps, seed)?,
+            _ => self.mezo(&data, self.user_budget(data.len()).steps, seed, &self.user_dir(user))?,
         };
         self.user = Some(adapter);
         Ok(prep)

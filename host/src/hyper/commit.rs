@@ -111,3 +111,34 @@ impl HyperState {
         Ok(Some(HyperState { net, adamw, step: header.step, seed: header.seed, history: header.history, fingerprint: header.fingerprint }))
     }
 }
+
+impl crate::train::learner::Record for HyperRecord {
+    fn loss(&self) -> f32 {
+        self.loss as f32
+    }
+    fn progress(&self) -> String {
+        format!("{:?} loss {:.4} (ce {:.4} kl {:.4})", self.stage, self.loss, self.ce, self.kl)
+    }
+}
+
+impl crate::train::learner::Checkpointed for HyperState {
+    type Record = HyperRecord;
+    fn step(&self) -> u64 {
+        self.step
+    }
+    fn history(&self) -> &[HyperRecord] {
+        &self.history
+    }
+    fn push(&mut self, record: HyperRecord) {
+        self.history.push(record);
+    }
+    fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+    fn commit(&self, out: &Path) -> Result<()> {
+        HyperState::commit(self, out)
+    }
+    fn save_final(&self, out: &Path) -> Result<()> {
+        self.net.save(&out.join("hypernet"))
+    }
+}

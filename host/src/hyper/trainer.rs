@@ -1,6 +1,7 @@
 //! The population training loop (off device): stage 1a (SimCSE on the
 //! embedder LoRA) then stage 1b (end to end with distillation), AdamW with
-//! warm-up + decay and clipping per stage, a commit after every step.
+//! warm-up + decay and clipping per stage, driven by the training loop's
+//! [`Learner`] (commits, metrics, progress, hooks).
 //! Users, context splits and dropout derive from (seed, step), so a resumed
 //! run continues exactly where the killed one committed.
 use super::commit::{HyperRecord, HyperState, Stage};
@@ -14,11 +15,10 @@ use crate::lora::Adapter;
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::optim::schedule::{clip_grad_norm, Decay, Schedule};
 use crate::tensor::Tensor;
-use crate::train::atomic_write::write_atomic;
 use crate::train::data::Encoder;
 use crate::train::decoder_graph::DecoderGraph;
 use crate::train::graph::TrainableModel;
-use crate::train::metrics::loss_svg;
+use crate::train::learner::{open_state, Learner, RunOptions};
 use crate::train::trainer::example_index;
 use crate::{Error, Result};
 use std::path::Path;
@@ -57,21 +57,11 @@ pub struct HyperTrainConfig {
     pub recompute: bool,
 }
 
-/// Options besides the configuration.
-pub struct HyperRun<'a> {
-    /// Continue from the commit in the output directory.
-    pub resume: bool,
-    /// Show a progress bar.
-    pub progress: bool,
-    /// Stop after this many steps in this invocation (tests).
-    pub stop_after: Option<u64>,
-    /// Commit every N steps (and the last one): a commit holds the network
-    /// and both Adam moments, three times the checkpoint, so writing it every
-    /// step can cost more than the step. 1 = every step.
-    pub commit_every: u64,
-    /// Called after each step (held-out evaluation).
-    pub on_step: Option<&'a mut dyn FnMut(&HyperState) -> Result<()>>,
-}
+/// The options of a hypernetwork run. Its commits hold the network and
+/// both Adam moments, three times the checkpoint: `commit_every` > 1 keeps
+/// their writing from costing more than the steps. A hook's `after_step`
+/// sees the whole state (the held-out evaluation).
+pub type HyperRun<'a> = RunOptions<'a, HyperState>;
 
 fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -96,63 +86,22 @@ pub fn hypertrain(
     teacher: Option<&Adapter>,
     config: &HyperTrainConfig,
     out: &Path,
-    mut run: HyperRun<'_>,
+    run: HyperRun<'_>,
 ) -> Result<HyperState> {
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let fp = fingerprint(config, &fresh, users);
-    let mut state = match HyperState::load(out, model)? {
-        Some(s) if run.resume => {
-            if s.fingerprint != fp {
-                return Err(Error::invalid("--resume", "the commit was made with a different configuration or data"));
-            }
-            s
-        }
-        Some(_) => return Err(Error::invalid(out.display().to_string(), "holds a run's commit; pass --resume to continue it or choose another --out")),
-        None => HyperState { adamw: AdamW::new(config.adamw, &fresh.params()), net: fresh, step: 0, seed: config.seed, history: Vec::new(), fingerprint: fp },
-    };
-    let total = config.simcse_steps + config.e2e_steps;
-    let bar = run.progress.then(|| {
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len}  {msg}").expect("static template").progress_chars("=> "));
-        bar.set_position(state.step);
-        bar
-    });
+    let loaded = HyperState::load(out, model)?;
+    let state = open_state(out, &fp, run.resume, loaded, || {
+        Ok(HyperState { adamw: AdamW::new(config.adamw, &fresh.params()), net: fresh, step: 0, seed: config.seed, history: Vec::new(), fingerprint: fp.clone() })
+    })?;
     let recompute = vec![config.recompute; model.layer_count()];
-    let mut done_here = 0;
-    while state.step < total && run.stop_after.is_none_or(|n| done_here < n) {
+    let learner = Learner { out, total: config.simcse_steps + config.e2e_steps, title: "hypernetwork training loss" };
+    learner.run(state, run, |state| {
         if state.step == config.simcse_steps && config.simcse_steps > 0 {
             // Stage 1b starts with fresh moments: the heads had none in 1a.
             state.adamw = AdamW::new(config.adamw, &state.net.params());
         }
-        let record = step(model, enc, users, teacher, config, &recompute, &mut state)?;
-        state.history.push(record.clone());
-        if state.step % run.commit_every.max(1) == 0 || state.step == total {
-            state.commit(out)?;
-        }
-        write_metrics(out, &state.history)?;
-        if let Some(f) = run.on_step.as_mut() {
-            f(&state)?;
-        }
-        if let Some(bar) = &bar {
-            bar.set_position(state.step);
-            bar.set_message(format!("{:?} loss {:.4} (ce {:.4} kl {:.4})", record.stage, record.loss, record.ce, record.kl));
-        }
-        done_here += 1;
-    }
-    if state.step >= total {
-        state.net.save(&out.join("hypernet"))?;
-        let losses: Vec<f32> = state.history.iter().map(|r| r.loss as f32).collect();
-        write_atomic(&out.join("loss.svg"), loss_svg("hypernetwork training loss", &losses).as_bytes())?;
-    }
-    if let Some(bar) = bar {
-        bar.finish();
-    }
-    Ok(state)
-}
-
-fn write_metrics(out: &Path, history: &[HyperRecord]) -> Result<()> {
-    let text: String = history.iter().map(|r| serde_json::to_string(r).expect("record serialises") + "\n").collect();
-    write_atomic(&out.join("metrics.jsonl"), text.as_bytes())
+        step(model, enc, users, teacher, config, &recompute, state)
+    })
 }
 
 /// The users of step `step` (a fresh permutation every epoch).

@@ -25,7 +25,6 @@ use crate::npu::{NpuClient, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
 use crate::train::graph::TrainableModel;
 use crate::Result;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -92,22 +91,21 @@ fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets:
     Ok(Arc::new(routed))
 }
 
-/// Loads `path` for training with every per-layer projection routed.
+/// Builds `ckpt`'s training graph with every per-layer projection routed.
 /// `unfused` records each adapted product and its LoRA branch as two nodes
 /// (Llama/Qwen3; the step-time table's baseline) instead of the fused node
 /// that overlaps the branch with the DSP request. Routes validated by an
 /// earlier run come from `cache` after a canary probe; the cache is saved
 /// before returning.
-pub fn load_split(path: &Path, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache) -> Result<SplitModel> {
+pub fn load_split(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache) -> Result<SplitModel> {
     let start = Instant::now();
-    let ckpt = Checkpoint::open(path)?;
     if unfused && ckpt.config.arch == Arch::Qwen35 {
         eprintln!("note: the Qwen3.5 graph has no unfused mode; --no-fuse is ignored");
     }
     let state = Arc::new(SplitState::default());
     let table = Mutex::new(RouteTable::default());
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table, cache);
-    let graph = crate::train::trainable_with(&ckpt, &factory, FrozenDtype::F32, unfused)?;
+    let graph = crate::train::trainable_with(ckpt, &factory, FrozenDtype::F32, unfused)?;
     let routes = table.into_inner().expect("not poisoned");
     cache.save();
     Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })

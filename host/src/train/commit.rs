@@ -154,6 +154,17 @@ impl TrainState {
     }
 }
 
+impl super::learner::Record for StepRecord {
+    fn loss(&self) -> f32 {
+        self.loss
+    }
+    fn progress(&self) -> String {
+        format!("loss {:.4}  {:.0} tok/s", self.loss, self.tokens as f64 / self.seconds.max(1e-9))
+    }
+}
+
+super::learner::adapter_run_checkpointed!(TrainState, |s| s.adamw.step);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,20 +1,16 @@
-//! Run outputs for people: `metrics.jsonl` (one [`StepRecord`] per line) and
+//! Run outputs for people: `metrics.jsonl` (one step record per line) and
 //! `loss.svg`, a plain loss-per-step line chart.
 use super::atomic_write::write_atomic;
-use super::commit::StepRecord;
 use crate::Result;
 use std::fmt::Write;
 use std::path::Path;
 
-/// Rewrites `metrics.jsonl` from the committed history (so a resumed run's
-/// file matches an uninterrupted one's, line for line, up to timings).
-pub fn write_metrics(dir: &Path, history: &[StepRecord]) -> Result<()> {
-    let mut out = String::new();
-    for r in history {
-        out.push_str(&serde_json::to_string(r).expect("records serialise"));
-        out.push('\n');
-    }
-    write_atomic(&dir.join("metrics.jsonl"), out.as_bytes())
+/// Rewrites `metrics.jsonl` from the committed history, one record a line
+/// (so a resumed run's file matches an uninterrupted one's, line for line,
+/// up to timings).
+pub fn write_metrics<R: serde::Serialize>(dir: &Path, history: &[R]) -> Result<()> {
+    let text: String = history.iter().map(|r| serde_json::to_string(r).expect("records serialise") + "\n").collect();
+    write_atomic(&dir.join("metrics.jsonl"), text.as_bytes())
 }
 
 /// An SVG line chart of `values` against their index (1-based steps).
@@ -41,6 +37,7 @@ pub fn loss_svg(title: &str, values: &[f32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::commit::StepRecord;
 
     #[test]
     fn svg_spans_the_plot_area_and_metrics_are_json_lines() {

@@ -1,17 +1,16 @@
 //! The MeZO training loop (`hexlora train --optimizer mezo`): forward-only
 //! steps ([`crate::optim::mezo::Mezo`]), each over `grad_accum` examples of
-//! the seeded example stream, with the same commits, metrics, loss plot and
-//! progress bar as the AdamW loop. The perturbation of step `n` derives from
+//! the seeded example stream, driven by the same [`Learner`] as the AdamW
+//! loop (commits, metrics, loss plot, progress bar, hooks). The perturbation of step `n` derives from
 //! the run seed and `n`, so the committed adapter, cursor and history are the
 //! whole state: a resumed run is bit-identical to an uninterrupted one.
 //!
 //! Memory is that of inference: factors are tape constants, nothing is
 //! differentiated, and no optimizer moments exist.
-use super::atomic_write::write_atomic;
 use super::commit::{read_commit, write_commit, StepRecord};
 use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
-use super::metrics::{loss_svg, write_metrics};
-use super::trainer::{example_index, fingerprint, RunOptions, TrainConfig};
+use super::learner::{self, Learner};
+use super::trainer::{example_index, fingerprint, TrainConfig};
 use crate::autograd::{counter_rng, Tape};
 use crate::lora::peft::peft_key;
 use crate::lora::{Adapter, LoraConfig, LoraModule};
@@ -94,71 +93,32 @@ impl MezoState {
     }
 }
 
+learner::adapter_run_checkpointed!(MezoState, |s| s.step);
+
 fn run_fingerprint(config: &MezoConfig, data: &[Batch]) -> String {
     format!("{}-mezo-{:08x}-{:08x}", fingerprint(&config.train, data), config.mezo.eps.to_bits(), config.mezo.weight_decay.to_bits())
 }
 
-fn start_state(model: &dyn TrainableModel, config: &MezoConfig, data: &[Batch], out: &Path, resume: bool) -> Result<MezoState> {
-    let fp = run_fingerprint(config, data);
-    match MezoState::load(out)? {
-        Some(s) if resume => {
-            if s.fingerprint != fp {
-                return Err(Error::invalid("--resume", "the commit was made with a different configuration or data"));
-            }
-            Ok(s)
-        }
-        Some(_) => Err(Error::invalid(out.display().to_string(), "holds a run's commit; pass --resume to continue it or choose another --out")),
-        None => {
-            let seed = counter_rng::derive(config.train.seed, u64::MAX);
-            let adapter = Adapter::init(config.train.lora.clone(), &model.projections(), seed)?;
-            Ok(MezoState { adapter, step: 0, cursor: 0, history: Vec::new(), fingerprint: fp })
-        }
-    }
+fn fresh_state(model: &dyn TrainableModel, config: &MezoConfig, fp: String) -> Result<MezoState> {
+    let seed = counter_rng::derive(config.train.seed, u64::MAX);
+    let adapter = Adapter::init(config.train.lora.clone(), &model.projections(), seed)?;
+    Ok(MezoState { adapter, step: 0, cursor: 0, history: Vec::new(), fingerprint: fp })
 }
+
+/// The options of a MeZO run.
+pub type RunOptions<'a> = learner::RunOptions<'a, MezoState>;
 
 /// Runs (or resumes) MeZO training into `out`: `commit.safetensors` after
 /// every step, `metrics.jsonl`, and at the end `adapter/` (PEFT) and
-/// `loss.svg`. The AdamW loop's [`RunOptions`] apply unchanged.
-pub fn train_mezo(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfig, out: &Path, mut run: RunOptions<'_>) -> Result<MezoState> {
+/// `loss.svg`, by the same [`Learner`] as the AdamW loop.
+pub fn train_mezo(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfig, out: &Path, run: RunOptions<'_>) -> Result<MezoState> {
     if data.is_empty() {
         return Err(Error::invalid("training data", "no examples"));
     }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let mut state = start_state(model, config, data, out, run.resume)?;
-    let total = config.train.schedule.total;
-    let bar = run.progress.then(|| progress_bar(total, state.step));
-    let mut done_here = 0;
-    while state.step < total && run.stop_after.is_none_or(|n| done_here < n) {
-        let record = mezo_step(model, data, config, &mut state)?;
-        state.history.push(record.clone());
-        state.commit(out)?;
-        write_metrics(out, &state.history)?;
-        if let Some(bar) = &bar {
-            bar.set_position(state.step);
-            bar.set_message(format!("loss {:.4}  {:.0} tok/s", record.loss, record.tokens as f64 / record.seconds.max(1e-9)));
-        }
-        if let Some(f) = run.on_step.as_deref_mut() {
-            f(&record);
-        }
-        done_here += 1;
-    }
-    if state.step >= total {
-        state.adapter.save(&out.join("adapter"))?;
-        let losses: Vec<f32> = state.history.iter().map(|r| r.loss).collect();
-        write_atomic(&out.join("loss.svg"), loss_svg("training loss (MeZO)", &losses).as_bytes())?;
-    }
-    if let Some(bar) = bar {
-        bar.finish();
-    }
-    Ok(state)
-}
-
-fn progress_bar(total: u64, pos: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(total);
-    let style = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len}  {msg}").expect("static template");
-    bar.set_style(style.progress_chars("=> "));
-    bar.set_position(pos);
-    bar
+    let fp = run_fingerprint(config, data);
+    let state = learner::open_state(out, &fp, run.resume, MezoState::load(out)?, || fresh_state(model, config, fp.clone()))?;
+    let learner = Learner { out, total: config.train.schedule.total, title: "training loss (MeZO)" };
+    learner.run(state, run, |state| mezo_step(model, data, config, state))
 }
 
 /// Mean token loss of `picks` (one denominator over all of them) with the

@@ -5,6 +5,7 @@ pub mod atomic_write;
 pub mod budget;
 pub mod commit;
 pub mod graph;
+pub mod learner;
 pub mod metrics;
 pub mod decoder_graph;
 pub mod qwen35_graph;

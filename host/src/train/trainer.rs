@@ -7,7 +7,7 @@ use super::budget;
 use super::commit::{StepRecord, TrainState};
 use super::decoder_graph::lora_params;
 use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
-use super::metrics::{loss_svg, write_metrics};
+use super::learner::{self, Learner};
 use crate::autograd::{counter_rng, Tape};
 use crate::lora::{Adapter, LoraConfig};
 use crate::optim::adamw::{AdamW, AdamWConfig};
@@ -83,40 +83,21 @@ pub fn commit_start(init: &Adapter, config: &TrainConfig, data: &[Batch], out: &
     state.commit(out)
 }
 
-/// Options a caller passes to [`train`] besides the configuration.
-pub struct RunOptions<'a> {
-    /// Continue from the commit in the output directory.
-    pub resume: bool,
-    /// Show an indicatif progress bar.
-    pub progress: bool,
-    /// Stop after this many optimizer steps in this invocation (tests).
-    pub stop_after: Option<u64>,
-    /// Called after every committed step.
-    pub on_step: Option<&'a mut dyn FnMut(&StepRecord)>,
+/// The options of an AdamW run.
+pub type RunOptions<'a> = learner::RunOptions<'a, TrainState>;
+
+/// The number of optimizer steps in one epoch of `examples`.
+pub fn epoch_steps(examples: usize, grad_accum: usize) -> u64 {
+    (examples / grad_accum.max(1)).max(1) as u64
 }
 
 /// Runs (or resumes) training into `out`: `commit.safetensors` after every
 /// step, `metrics.jsonl`, and at the end `adapter/` (PEFT) and `loss.svg`.
+/// `run.hooks` may pace the run and end it early (resumable).
 pub fn train(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, out: &Path, run: RunOptions<'_>) -> Result<TrainState> {
-    train_paced(model, data, config, out, run, &mut |_| true)
-}
-
-/// [`train`] with `before_step(next_step)` called at every optimizer-step
-/// boundary, after the previous commit: it may block (thermal pacing) and
-/// returns false to end the run there (a stop signal), resumable later.
-pub fn train_paced(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, out: &Path, mut run: RunOptions<'_>, before_step: &mut dyn FnMut(u64) -> bool) -> Result<TrainState> {
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let fp = fingerprint(config, data);
-    let mut state = match TrainState::load(out)? {
-        Some(s) if run.resume => {
-            if s.fingerprint != fp {
-                return Err(Error::invalid("--resume", "the commit was made with a different configuration or data"));
-            }
-            s
-        }
-        Some(_) => return Err(Error::invalid(out.display().to_string(), "holds a run's commit; pass --resume to continue it or choose another --out")),
-        None => fresh_state(model, config, fp)?,
-    };
+    let loaded = TrainState::load(out)?;
+    let state = learner::open_state(out, &fp, run.resume, loaded, || fresh_state(model, config, fp.clone()))?;
     let tokens_per_step = data.iter().map(|b| b.input_ids[0].len()).max().unwrap_or(0) as u64;
     let per_layer = (model.activation_bytes_per_token_layer() as u64) * tokens_per_step;
     let opts = GraphOptions {
@@ -125,40 +106,8 @@ pub fn train_paced(model: &dyn TrainableModel, data: &[Batch], config: &TrainCon
         loss_denominator: None,
         ..Default::default()
     };
-    let total = config.schedule.total;
-    let bar = run.progress.then(|| progress_bar(total, state.step()));
-    let mut done_here = 0;
-    while state.step() < total && run.stop_after.is_none_or(|n| done_here < n) && before_step(state.step() + 1) {
-        let record = step(model, data, config, &opts, &mut state)?;
-        state.history.push(record.clone());
-        state.commit(out)?;
-        write_metrics(out, &state.history)?;
-        if let Some(bar) = &bar {
-            bar.set_position(state.step());
-            bar.set_message(format!("loss {:.4}  {:.0} tok/s", record.loss, record.tokens as f64 / record.seconds.max(1e-9)));
-        }
-        if let Some(f) = run.on_step.as_deref_mut() {
-            f(&record);
-        }
-        done_here += 1;
-    }
-    if state.step() >= total {
-        state.adapter.save(&out.join("adapter"))?;
-        let losses: Vec<f32> = state.history.iter().map(|r| r.loss).collect();
-        super::atomic_write::write_atomic(&out.join("loss.svg"), loss_svg("training loss", &losses).as_bytes())?;
-    }
-    if let Some(bar) = bar {
-        bar.finish();
-    }
-    Ok(state)
-}
-
-fn progress_bar(total: u64, pos: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(total);
-    let style = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len}  {msg}").expect("static template");
-    bar.set_style(style.progress_chars("=> "));
-    bar.set_position(pos);
-    bar
+    let learner = Learner { out, total: config.schedule.total, title: "training loss" };
+    learner.run(state, run, |state| step(model, data, config, &opts, state))
 }
 
 /// One optimizer step: `grad_accum` micro-batches, clip, AdamW.

@@ -1,0 +1,180 @@
+//! Argument groups shared by the training commands (`#[command(flatten)]`),
+//! and the one device vocabulary of every command that can put frozen
+//! products on the DSP.
+use crate::lora::LoraConfig;
+use crate::npu::TransportKind;
+use crate::optim::adamw::AdamWConfig;
+use crate::optim::schedule::{Decay, Schedule};
+use crate::train::trainer::TrainConfig;
+use std::path::{Path, PathBuf};
+
+/// What every LoRA training command takes: model and data, adapter,
+/// optimizer.
+#[derive(clap::Args)]
+pub struct TrainingArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub lora: LoraArgs,
+    #[command(flatten)]
+    pub optim: OptimArgs,
+}
+
+impl TrainingArgs {
+    /// The run's configuration, one epoch of `examples` unless `--steps`.
+    pub fn config(&self, examples: usize, d: &OptimDefaults) -> TrainConfig {
+        self.optim.train_config(self.lora.config(&self.data.model), self.data.seed, examples, d)
+    }
+}
+
+/// The model, the training data and how examples are cut.
+#[derive(clap::Args)]
+pub struct DataArgs {
+    /// GGUF file or Hugging Face model directory.
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// JSONL: {"prompt","completion"}, {"messages"} or {"input_ids","labels"}.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Truncate examples to this many tokens.
+    #[arg(long, default_value_t = 512)]
+    pub max_len: usize,
+    /// Seed (data order, init, dropout).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// `--targets` as module names: trimmed, empty entries dropped (`a, b,`).
+pub fn module_names(list: &[String]) -> Vec<String> {
+    list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+}
+
+/// The LoRA adapter to train.
+#[derive(clap::Args)]
+pub struct LoraArgs {
+    /// LoRA rank.
+    #[arg(long, default_value_t = 16)]
+    pub rank: usize,
+    /// LoRA alpha.
+    #[arg(long, default_value_t = 32.0)]
+    pub alpha: f32,
+    /// LoRA dropout.
+    #[arg(long, default_value_t = 0.05)]
+    pub dropout: f32,
+    /// Target modules, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
+    pub targets: Vec<String>,
+}
+
+impl LoraArgs {
+    /// The adapter's configuration for a base model at `model`.
+    pub fn config(&self, model: &Path) -> LoraConfig {
+        LoraConfig {
+            r: self.rank,
+            alpha: self.alpha,
+            target_modules: module_names(&self.targets),
+            dropout: self.dropout,
+            use_rslora: false,
+            base_model: model.display().to_string(),
+        }
+    }
+}
+
+/// Optimizer steps, schedule and memory.
+#[derive(clap::Args)]
+pub struct OptimArgs {
+    /// Optimizer steps (default: one epoch).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Examples per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-4)]
+    pub lr: f32,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: u64,
+    /// Decay after warm-up.
+    #[arg(long, value_enum, default_value_t = Decay::Cosine)]
+    pub schedule: Decay,
+    /// AdamW (and MeZO) weight decay [default: train 0, personalize 0.01].
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// Clip the gradient norm (0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f32,
+    /// Activation memory cap in MiB (also bounded by MemAvailable).
+    #[arg(long)]
+    pub activation_cap_mb: Option<u64>,
+    /// Token rows per vocabulary-head chunk (peak memory of the loss)
+    /// [default: train 256, personalize 64].
+    #[arg(long)]
+    pub head_chunk: Option<usize>,
+}
+
+/// What a command picks where [`OptimArgs`] leaves a value unset.
+pub struct OptimDefaults {
+    /// `--weight-decay`.
+    pub weight_decay: f32,
+    /// `--head-chunk`.
+    pub head_chunk: usize,
+}
+
+impl OptimArgs {
+    /// The run's steps: `--steps`, or one epoch of `examples`.
+    pub fn steps_for(&self, examples: usize) -> u64 {
+        self.steps.unwrap_or((examples / self.grad_accum.max(1)).max(1) as u64)
+    }
+
+    /// The whole training configuration.
+    pub fn train_config(&self, lora: LoraConfig, seed: u64, examples: usize, d: &OptimDefaults) -> TrainConfig {
+        TrainConfig {
+            lora,
+            adamw: AdamWConfig { weight_decay: self.weight_decay(d), ..Default::default() },
+            schedule: Schedule { lr: self.lr, warmup: self.warmup, total: self.steps_for(examples), decay: self.schedule },
+            grad_accum: self.grad_accum,
+            max_grad_norm: (self.max_grad_norm > 0.0).then_some(self.max_grad_norm),
+            seed,
+            activation_cap: self.activation_cap_mb.map(|m| m << 20),
+            head_chunk: self.head_chunk.unwrap_or(d.head_chunk),
+        }
+    }
+
+    /// `--weight-decay` or the command's default.
+    pub fn weight_decay(&self, d: &OptimDefaults) -> f32 {
+        self.weight_decay.unwrap_or(d.weight_decay)
+    }
+}
+
+/// Where frozen products run: the same words for every command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// f32 (or bf16) on the CPU: the reference, and the fast path on a PC.
+    Cpu,
+    /// The DSP firmware built natively, linked into this process.
+    #[value(alias = "in-process")]
+    Dsp,
+    /// The firmware on a thread of its own, mailbox in shared memory.
+    #[value(alias = "shm")]
+    DspShm,
+    /// The Hexagon firmware under qemu-hexagon (needs HEXLORA_SIM_SERVICE).
+    #[value(alias = "sim")]
+    DspSim,
+    /// The skel through FastRPC: libcdsprpc.so on a device, or the stand-in HEXLORA_FASTRPC_LIB names.
+    #[value(alias = "fastrpc")]
+    DspFastrpc,
+}
+
+impl Device {
+    /// The transport to the DSP service, `None` for the CPU.
+    pub fn transport(self) -> Option<TransportKind> {
+        match self {
+            Device::Cpu => None,
+            Device::Dsp => Some(TransportKind::InProcess),
+            Device::DspShm => Some(TransportKind::SharedMemory),
+            Device::DspSim => Some(TransportKind::Simulator),
+            Device::DspFastrpc => Some(TransportKind::FastRpc),
+        }
+    }
+}
