@@ -24,6 +24,7 @@ use crate::ops::activation::{sigmoid, silu_forward};
 use crate::ops::gdn::{
     conv1d_causal_backward, conv1d_causal_forward, delta_rule_backward, delta_rule_forward_checkpointed, gated_rmsnorm_backward,
     gated_rmsnorm_forward, gdn_gates_backward, gdn_gates_forward, l2norm_backward, l2norm_forward, silu_backward, DeltaGrads,
+    DeltaInputs,
 };
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -61,6 +62,13 @@ struct Prepared {
     beta: Vec<f32>,
 }
 
+impl Prepared {
+    /// The delta rule's inputs among these.
+    fn delta_inputs(&self, w: &GdnWeights) -> DeltaInputs<'_> {
+        DeltaInputs { q: &self.q, k: &self.k, v: &self.v, g: &self.g, beta: &self.beta, d: w.delta_dims() }
+    }
+}
+
 fn prepare(w: &GdnWeights, qkv: &[f32], b: &[f32], a: &[f32]) -> Prepared {
     let d = w.dims;
     let (key_dim, conv_dim) = (d.key_dim(), d.conv_dim());
@@ -90,7 +98,7 @@ fn gdn_sequence_forward(w: &GdnWeights, qkv: &[f32], z: &[f32], b: &[f32], a: &[
     let p = prepare(w, qkv, b, a);
     let mut core = vec![0.0; p.v.len()];
     let mut checkpoints = Vec::new();
-    delta_rule_forward_checkpointed(&mut core, &mut checkpoints, &p.q, &p.k, &p.v, &p.g, &p.beta, w.delta_dims(), CHECKPOINT_EVERY);
+    delta_rule_forward_checkpointed(&mut core, &mut checkpoints, p.delta_inputs(w), CHECKPOINT_EVERY);
     let mut out = vec![0.0; core.len()];
     let mut rstd = vec![0.0; core.len() / w.dims.v_dim];
     gated_rmsnorm_forward(&mut out, &mut rstd, &core, z, &w.norm_weight, w.eps);
@@ -111,7 +119,7 @@ fn gdn_sequence_backward(w: &GdnWeights, dout: &[f32], qkv: &[f32], z: &[f32], b
     let (mut dq, mut dk, mut dv) = (vec![0.0; p.q.len()], vec![0.0; p.k.len()], vec![0.0; p.v.len()]);
     let (mut dg, mut dbeta) = (vec![0.0; p.g.len()], vec![0.0; p.beta.len()]);
     let grads = DeltaGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv, dg: &mut dg, dbeta: &mut dbeta };
-    delta_rule_backward(grads, &dcore, checkpoints, &p.q, &p.k, &p.v, &p.g, &p.beta, w.delta_dims(), CHECKPOINT_EVERY);
+    delta_rule_backward(grads, &dcore, checkpoints, p.delta_inputs(w), CHECKPOINT_EVERY);
     let (mut da, mut db) = (vec![0.0; a.len()], vec![0.0; b.len()]);
     gdn_gates_backward(&mut da, &mut db, &dg, &dbeta, a, b, &w.a_log, &w.dt_bias);
 

@@ -4,7 +4,7 @@
 //! lives in forward/backward slice functions (`ops/`, `lora/branch.rs`).
 use super::tape::{Tape, Var};
 use crate::lora::branch::{self, Dropout};
-use crate::ops::attention::{attention_backward_with, attention_forward_with, AttnDims, Products};
+use crate::ops::attention::{attention_backward_with, attention_forward_with, AttnDims, BackwardInputs, Products};
 use crate::ops::cross_entropy;
 use crate::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward, NormWeight};
 use crate::ops::rope::rope_apply;
@@ -214,16 +214,17 @@ fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse:
     let (qw, kw, lw) = (d.q_len * d.n_head * d.head_dim, d.kv_len * d.n_kv_head * d.head_dim, d.q_len * d.n_head);
     for s in 0..q.len() / qw {
         let (qs, ks, ls) = (s * qw..(s + 1) * qw, s * kw..(s + 1) * kw, s * lw..(s + 1) * lw);
-        attention_backward_with(
-            products,
-            (&mut dq.data[qs.clone()], &mut dk.data[ks.clone()], &mut dv.data[ks.clone()]),
-            &dout.data[qs.clone()],
-            (&q.data[qs.clone()], &k.data[ks.clone()], &v.data[ks]),
-            &out.data[qs],
-            &lse[ls],
+        let x = BackwardInputs {
+            dout: &dout.data[qs.clone()],
+            q: &q.data[qs.clone()],
+            k: &k.data[ks.clone()],
+            v: &v.data[ks.clone()],
+            out: &out.data[qs.clone()],
+            lse: &lse[ls],
             d,
             scale,
-        );
+        };
+        attention_backward_with(products, (&mut dq.data[qs], &mut dk.data[ks.clone()], &mut dv.data[ks]), x);
     }
     vec![dq, dk, dv]
 }

@@ -34,18 +34,30 @@ fn draw_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::invalid(path.display().to_string(), format!("drawing failed: {e}"))
 }
 
+type Canvas<'p> = DrawingArea<BitMapBackend<'p>, plotters::coord::Shift>;
+
+/// A white [`SIZE`] canvas that will be written to `path`.
+fn canvas(path: &Path) -> Result<Canvas<'_>> {
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
+    Ok(root)
+}
+
+/// What every chart has around its plot: the title, a margin, and room
+/// for the axis labels (`y_labels` pixels left of the y axis).
+fn frame<'a, 'b, 'p>(root: &'a Canvas<'p>, title: &str, y_labels: u32) -> ChartBuilder<'a, 'b, BitMapBackend<'p>> {
+    let mut builder = ChartBuilder::on(root);
+    builder.caption(title, ("sans-serif", 22)).margin(16).x_label_area_size(40).y_label_area_size(y_labels);
+    builder
+}
+
 /// A bar per (label, value); values are scores in [0, 1] or above.
 pub fn bars(path: &Path, title: &str, y_label: &str, bars: &[(String, f64)]) -> Result<()> {
     ensure_font()?;
     let top = bars.iter().map(|b| b.1).fold(0.0f64, f64::max).max(1e-3) * 1.15;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
+    let root = canvas(path)?;
     let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
+    let mut chart = frame(&root, title, 60)
         // A segmented 0..n axis has n + 1 slots; 0..n-1 gives one per bar.
         .build_cartesian_2d((0..bars.len().saturating_sub(1)).into_segmented(), 0.0..top)
         .map_err(|e| draw_err(path, e))?;
@@ -89,13 +101,8 @@ pub fn histogram(path: &Path, title: &str, x_label: &str, values: &[f64], bins: 
         counts[b] += 1;
     }
     let top = counts.iter().copied().max().unwrap_or(0).max(1) + 1;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title, 50)
         .build_cartesian_2d(-reach..reach, 0u32..top)
         .map_err(|e| draw_err(path, e))?;
     chart
@@ -129,13 +136,8 @@ pub fn lines(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[(
         return Err(Error::invalid(path.display().to_string(), "no finite points to plot"));
     }
     let (x1, y1) = (if x1 > x0 { x1 } else { x0 + 1.0 }, if y1 > y0 { y1 } else { y0 + 1.0 });
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title, 60)
         .build_cartesian_2d(x0..x1, y0..y1 + (y1 - y0) * 0.05)
         .map_err(|e| draw_err(path, e))?;
     chart

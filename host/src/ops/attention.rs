@@ -295,23 +295,11 @@ struct KeyBlockGrads {
 /// block. Its `dq` rows and its `dk`/`dv` rows are partial sums, added
 /// afterwards in key-block order (dq) and head order (dk, dv).
 ///
-/// `dq`, `q`, `out`, `dout`: `[q_len, n_head, head_dim]`; `dk`, `dv`, `k`, `v`:
-/// `[kv_len, n_kv_head, head_dim]` (all three overwritten); `lse`: `[q_len, n_head]`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    d: AttnDims,
-    scale: f32,
-) {
-    check_backward((dq, dk, dv), (dout, q, k, v, out, lse), d);
+/// `dq`, `dk`, `dv` (all three overwritten) are shaped as `q`, `k`, `v`
+/// (see [`BackwardInputs`]).
+pub fn attention_backward((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x: BackwardInputs<'_>) {
+    check_backward((dq, dk, dv), &x);
+    let BackwardInputs { dout, q, k, v, out, lse, d, scale } = x;
     let AttnDims { q_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
@@ -349,8 +337,30 @@ pub fn attention_backward(
     });
 }
 
-#[allow(clippy::type_complexity)]
-fn check_backward((dq, dk, dv): (&[f32], &[f32], &[f32]), (dout, q, k, v, out, lse): (&[f32], &[f32], &[f32], &[f32], &[f32], &[f32]), d: AttnDims) {
+/// What the backward reads: the forward's inputs and outputs, and the
+/// gradient of its output.
+#[derive(Clone, Copy)]
+pub struct BackwardInputs<'a> {
+    /// `[q_len, n_head, head_dim]`.
+    pub dout: &'a [f32],
+    /// `[q_len, n_head, head_dim]`.
+    pub q: &'a [f32],
+    /// `[kv_len, n_kv_head, head_dim]`.
+    pub k: &'a [f32],
+    /// `[kv_len, n_kv_head, head_dim]`.
+    pub v: &'a [f32],
+    /// The forward's output, `[q_len, n_head, head_dim]`.
+    pub out: &'a [f32],
+    /// The forward's log-sum-exp per softmax row, `[q_len, n_head]`.
+    pub lse: &'a [f32],
+    /// The forward's sizes.
+    pub d: AttnDims,
+    /// The forward's score scale.
+    pub scale: f32,
+}
+
+fn check_backward((dq, dk, dv): (&[f32], &[f32], &[f32]), x: &BackwardInputs<'_>) {
+    let BackwardInputs { dout, q, k, v, out, lse, d, .. } = *x;
     d.check();
     let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     assert!(q.len() == q_len * n_head * hd && dq.len() == q.len() && dout.len() == q.len() && out.len() == q.len(), "attention_backward q lengths");
@@ -359,24 +369,14 @@ fn check_backward((dq, dk, dv): (&[f32], &[f32], &[f32]), (dout, q, k, v, out, l
 }
 
 /// [`attention_backward`] with its products computed as `products` says.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward_with(
-    products: Products,
-    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
-    dout: &[f32],
-    (q, k, v): (&[f32], &[f32], &[f32]),
-    out: &[f32],
-    lse: &[f32],
-    d: AttnDims,
-    scale: f32,
-) {
+pub fn attention_backward_with(products: Products, (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x: BackwardInputs<'_>) {
     #[cfg(target_arch = "x86_64")]
-    if products.runs_bf16(&d) {
-        check_backward((dq, dk, dv), (dout, q, k, v, out, lse), d);
-        return bf16::backward((dq, dk, dv), dout, (q, k, v), out, lse, d, scale);
+    if products.runs_bf16(&x.d) {
+        check_backward((dq, dk, dv), &x);
+        return bf16::backward((dq, dk, dv), x);
     }
     let _ = products;
-    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d, scale)
+    attention_backward((dq, dk, dv), x)
 }
 
 /// Runs `task(query head, first key, keys)` on every (query head, block of
@@ -527,7 +527,7 @@ mod tests {
                 let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; 200 * 6]);
                 attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, 0.25);
                 let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), &dout, (&q, &k, &v), &out, &lse, d, 0.25);
+                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.25 });
                 [out, lse, dq, dk, dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
             })
         };
@@ -565,7 +565,7 @@ mod tests {
                     assert!((*got as f64 - w).abs() < products.tolerance(), "{products:?} {q_len}/{kv_len}/{causal}: {got} vs {w}");
                 }
                 let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), &dout, (&q, &k, &v), &out, &lse, d, 0.35);
+                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.35 });
                 let analytic = dot(&dq, &e) + dot(&dk, &f) + dot(&dv, &g);
                 assert!((analytic - numeric).abs() < products.derivative_tolerance() * (1.0 + numeric.abs()), "{products:?} {causal}: {analytic} vs {numeric}");
             }
@@ -587,7 +587,7 @@ mod tests {
             let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; 256 * 9]);
             attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, 0.125);
             let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-            attention_backward_with(products, (&mut dq, &mut dk, &mut dv), &dout, (&q, &k, &v), &out, &lse, d, 0.125);
+            attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.125 });
             [out, lse, dq, dk, dv]
         };
         let (want, got) = (run(Products::F32), run(Products::Bf16));
@@ -625,7 +625,7 @@ mod bench {
         let reps = 50;
         for products in [Products::F32, Products::Bf16] {
             let new_f = best_ms(reps, || attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, scale));
-            let new_b = best_ms(reps, || attention_backward_with(products, (&mut dq, &mut dk, &mut dv), &dout, (&q, &k, &v), &out, &lse, d, scale));
+            let new_b = best_ms(reps, || attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale }));
             println!("attention ({products:?}) 256 tok  fwd {new_f:.3} ms  bwd {new_b:.3} ms");
             println!("  x30 layers fwd+bwd: {:.1} ms", 30.0 * (new_f + new_b));
         }

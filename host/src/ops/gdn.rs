@@ -264,22 +264,31 @@ fn delta_token(s: &mut [f32], delta: &mut [f32], o: &mut [f32], q: &[f32], k: &[
     }
 }
 
+/// The inputs of the delta rule over one sequence, shaped as at
+/// [`delta_rule_forward`]: what the checkpointed forward reads and its
+/// backward reads again.
+#[derive(Clone, Copy)]
+pub struct DeltaInputs<'a> {
+    /// `[T, n_k_head, k_dim]`, L2-normalised.
+    pub q: &'a [f32],
+    /// `[T, n_k_head, k_dim]`, L2-normalised.
+    pub k: &'a [f32],
+    /// `[T, n_v_head, v_dim]`.
+    pub v: &'a [f32],
+    /// `[T, n_v_head]`.
+    pub g: &'a [f32],
+    /// `[T, n_v_head]`.
+    pub beta: &'a [f32],
+    /// Heads and widths.
+    pub d: DeltaDims,
+}
+
 /// [`delta_rule_forward`] from a zero state over one whole sequence, saving
 /// the f32 state before every `every`-token piece for the backward:
 /// `checkpoints: [ceil(T / every), n_v_head, k_dim, v_dim]` (the first is
 /// zeros). Same bits as one call, since pieces compose exactly.
-#[allow(clippy::too_many_arguments)]
-pub fn delta_rule_forward_checkpointed(
-    out: &mut [f32],
-    checkpoints: &mut Vec<f32>,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    d: DeltaDims,
-    every: usize,
-) {
+pub fn delta_rule_forward_checkpointed(out: &mut [f32], checkpoints: &mut Vec<f32>, x: DeltaInputs<'_>, every: usize) {
+    let DeltaInputs { q, k, v, g, beta, d } = x;
     let (nk, nv) = (d.n_k_head * d.k_dim, d.n_v_head * d.v_dim);
     let tokens = g.len() / d.n_v_head;
     let mut state = vec![0.0f32; d.n_v_head * d.k_dim * d.v_dim];
@@ -310,28 +319,16 @@ pub fn delta_rule_forward_checkpointed(
 /// Shapes as the forward: `dq`, `dk`: `[T, n_k_head, k_dim]` (value heads
 /// that share a key head add up, in head order); `dv`, `dout`:
 /// `[T, n_v_head, v_dim]`; `dg`, `dbeta`: `[T, n_v_head]`.
-#[allow(clippy::too_many_arguments)]
-pub fn delta_rule_backward(
-    grads: DeltaGrads<'_>,
-    dout: &[f32],
-    checkpoints: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    d: DeltaDims,
-    every: usize,
-) {
-    let DeltaDims { n_k_head, n_v_head, k_dim, v_dim } = d;
-    let tokens = g.len() / n_v_head;
+pub fn delta_rule_backward(grads: DeltaGrads<'_>, dout: &[f32], checkpoints: &[f32], x: DeltaInputs<'_>, every: usize) {
+    let DeltaDims { n_k_head, n_v_head, k_dim, v_dim } = x.d;
+    let tokens = x.g.len() / n_v_head;
     assert_eq!(checkpoints.len(), tokens.div_ceil(every) * n_v_head * k_dim * v_dim, "delta rule checkpoints length");
     assert_eq!(dout.len(), tokens * n_v_head * v_dim, "delta rule dout length");
     let group = n_v_head / n_k_head;
     let per_head: Vec<HeadGrads> = (0..n_v_head)
         .into_par_iter()
         .map(|h| {
-            let inputs = HeadInputs { h, kh: h / group, q, k, v, g, beta, dout, d };
+            let inputs = HeadInputs { h, kh: h / group, seq: x, dout };
             head_backward(&inputs, checkpoints, tokens, every)
         })
         .collect();
@@ -369,13 +366,8 @@ pub struct DeltaGrads<'a> {
 struct HeadInputs<'a> {
     h: usize,
     kh: usize,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    g: &'a [f32],
-    beta: &'a [f32],
+    seq: DeltaInputs<'a>,
     dout: &'a [f32],
-    d: DeltaDims,
 }
 
 /// One value head's gradients over the sequence, `[T, width]` each.
@@ -389,24 +381,29 @@ struct HeadGrads {
 
 impl HeadInputs<'_> {
     fn q(&self, t: usize) -> &[f32] {
-        &self.q[(t * self.d.n_k_head + self.kh) * self.d.k_dim..][..self.d.k_dim]
+        let d = self.seq.d;
+        &self.seq.q[(t * d.n_k_head + self.kh) * d.k_dim..][..d.k_dim]
     }
     fn k(&self, t: usize) -> &[f32] {
-        &self.k[(t * self.d.n_k_head + self.kh) * self.d.k_dim..][..self.d.k_dim]
+        let d = self.seq.d;
+        &self.seq.k[(t * d.n_k_head + self.kh) * d.k_dim..][..d.k_dim]
     }
     fn v(&self, t: usize) -> &[f32] {
-        &self.v[(t * self.d.n_v_head + self.h) * self.d.v_dim..][..self.d.v_dim]
+        let d = self.seq.d;
+        &self.seq.v[(t * d.n_v_head + self.h) * d.v_dim..][..d.v_dim]
     }
     fn dout(&self, t: usize) -> &[f32] {
-        &self.dout[(t * self.d.n_v_head + self.h) * self.d.v_dim..][..self.d.v_dim]
+        let d = self.seq.d;
+        &self.dout[(t * d.n_v_head + self.h) * d.v_dim..][..d.v_dim]
     }
     fn gate(&self, t: usize) -> (f32, f32) {
-        (self.g[t * self.d.n_v_head + self.h].exp(), self.beta[t * self.d.n_v_head + self.h])
+        let at = t * self.seq.d.n_v_head + self.h;
+        (self.seq.g[at].exp(), self.seq.beta[at])
     }
 }
 
 fn head_backward(x: &HeadInputs<'_>, checkpoints: &[f32], tokens: usize, every: usize) -> HeadGrads {
-    let DeltaDims { n_v_head, k_dim, v_dim, .. } = x.d;
+    let DeltaDims { n_v_head, k_dim, v_dim, .. } = x.seq.d;
     let sz = k_dim * v_dim;
     let mut out = HeadGrads {
         dq: vec![0.0; tokens * k_dim],
@@ -431,8 +428,8 @@ fn head_backward(x: &HeadInputs<'_>, checkpoints: &[f32], tokens: usize, every: 
 /// The states of one head around every token of the piece `t0..t1`:
 /// `[t1 - t0 + 1, k_dim, v_dim]`, entry `i` the state before token `t0 + i`.
 fn piece_states(x: &HeadInputs<'_>, checkpoint: &[f32], t0: usize, t1: usize) -> Vec<f32> {
-    let (sz, v_dim) = (checkpoint.len(), x.d.v_dim);
-    let scale = 1.0 / (x.d.k_dim as f32).sqrt();
+    let (sz, v_dim) = (checkpoint.len(), x.seq.d.v_dim);
+    let scale = 1.0 / (x.seq.d.k_dim as f32).sqrt();
     let (mut delta, mut o) = (vec![0.0f32; v_dim], vec![0.0f32; v_dim]);
     let mut states = Vec::with_capacity((t1 - t0 + 1) * sz);
     states.extend_from_slice(checkpoint);
@@ -464,7 +461,7 @@ struct TokenScratch {
 /// `t`'s gradients into `out` and turns `ds` (gradient of the state after
 /// `t`) into the gradient of the state before it.
 fn token_backward(x: &HeadInputs<'_>, t: usize, prev: &[f32], cur: &[f32], ds: &mut [f32], w: &mut TokenScratch, out: &mut HeadGrads) {
-    let (k_dim, v_dim) = (x.d.k_dim, x.d.v_dim);
+    let (k_dim, v_dim) = (x.seq.d.k_dim, x.seq.d.v_dim);
     let scale = 1.0 / (k_dim as f32).sqrt();
     let (q_t, k_t, v_t, do_t) = (x.q(t), x.k(t), x.v(t), x.dout(t));
     let (decay, b) = x.gate(t);
@@ -592,21 +589,27 @@ mod tests {
         assert_eq!(&whole[5 * c..], &second[..]);
     }
 
+    /// `q`, `k` (L2-normalised), `v`, `g`, `beta` of `t` tokens shaped by `d`.
+    fn delta_inputs(d: DeltaDims, t: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (nk, nv) = (t * d.n_k_head * d.k_dim, t * d.n_v_head);
+        let (mut q, mut k) = (wave(nk, 0.9, 1.0), wave(nk, 0.4, 1.0));
+        let mut rn = vec![0.0; t * d.n_k_head];
+        let (q0, k0) = (q.clone(), k.clone());
+        l2norm_forward(&mut q, &mut rn, &q0, d.k_dim, 1e-6);
+        l2norm_forward(&mut k, &mut rn, &k0, d.k_dim, 1e-6);
+        let v = wave(nv * d.v_dim, 0.57, 1.5);
+        let g = wave(nv, 0.8, 0.5).iter().map(|x| x - 0.6).collect();
+        let beta = wave(nv, 1.3, 0.4).iter().map(|x| x + 0.5).collect();
+        (q, k, v, g, beta)
+    }
+
     /// f64 recurrence with explicit (I - beta k k^T) form, the textbook
     /// statement of the delta rule.
     #[test]
     fn delta_rule_matches_f64_textbook_form_and_composes_in_pieces() {
         let d = DeltaDims { n_k_head: 1, n_v_head: 2, k_dim: 3, v_dim: 2 };
         let t = 7;
-        let mut q = wave(t * 3, 0.9, 1.0);
-        let mut k = wave(t * 3, 0.4, 1.0);
-        let mut rn = vec![0.0; t];
-        let (q0, k0) = (q.clone(), k.clone());
-        l2norm_forward(&mut q, &mut rn, &q0, 3, 1e-6);
-        l2norm_forward(&mut k, &mut rn, &k0, 3, 1e-6);
-        let v = wave(t * 4, 0.57, 1.5);
-        let g: Vec<f32> = wave(t * 2, 0.8, 0.5).iter().map(|x| x - 0.6).collect();
-        let beta: Vec<f32> = wave(t * 2, 1.3, 0.4).iter().map(|x| x + 0.5).collect();
+        let (q, k, v, g, beta) = delta_inputs(d, t);
         let mut state = vec![0.0; 2 * 3 * 2];
         let mut out = vec![0.0; t * 4];
         delta_rule_forward(&mut out, &mut state, &q, &k, &v, &g, &beta, d);
@@ -652,21 +655,15 @@ mod tests {
     fn delta_rule_backward_is_independent_of_the_checkpoint_interval() {
         let d = DeltaDims { n_k_head: 2, n_v_head: 4, k_dim: 3, v_dim: 2 };
         let t = 23;
-        let (mut q, mut k) = (wave(t * 6, 0.9, 1.0), wave(t * 6, 0.4, 1.0));
-        let mut rn = vec![0.0; t * 2];
-        let (q0, k0) = (q.clone(), k.clone());
-        l2norm_forward(&mut q, &mut rn, &q0, 3, 1e-6);
-        l2norm_forward(&mut k, &mut rn, &k0, 3, 1e-6);
-        let v = wave(t * 8, 0.57, 1.5);
-        let g: Vec<f32> = wave(t * 4, 0.8, 0.5).iter().map(|x| x - 0.6).collect();
-        let beta: Vec<f32> = wave(t * 4, 1.3, 0.4).iter().map(|x| x + 0.5).collect();
+        let (q, k, v, g, beta) = delta_inputs(d, t);
+        let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, d };
         let dout = wave(t * 8, 0.23, 1.0);
         let grads_for = |every: usize| {
             let (mut out, mut ck) = (vec![0.0; t * 8], Vec::new());
-            delta_rule_forward_checkpointed(&mut out, &mut ck, &q, &k, &v, &g, &beta, d, every);
+            delta_rule_forward_checkpointed(&mut out, &mut ck, x, every);
             let (mut dq, mut dk, mut dv, mut dg, mut db) = (vec![0.0; t * 6], vec![0.0; t * 6], vec![0.0; t * 8], vec![0.0; t * 4], vec![0.0; t * 4]);
             let grads = DeltaGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv, dg: &mut dg, dbeta: &mut db };
-            delta_rule_backward(grads, &dout, &ck, &q, &k, &v, &g, &beta, d, every);
+            delta_rule_backward(grads, &dout, &ck, x, every);
             (out, [dq, dk, dv, dg, db])
         };
         let reference = grads_for(1);

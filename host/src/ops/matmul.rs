@@ -37,19 +37,23 @@ fn empty_product(out: &mut [f32], (m, k, n): (usize, usize, usize), accumulate: 
     m == 0 || n == 0 || k == 0
 }
 
-/// `out[m,n] = (accumulate ? out : 0) + scale * lhs[m,k] · rhs[k,n]`, with
-/// each operand read through (row stride, column stride).
-#[allow(clippy::too_many_arguments)]
-fn product(
-    out: &mut [f32],
-    lhs: &[f32],
-    (lrs, lcs): (usize, usize),
-    rhs: &[f32],
-    (rrs, rcs): (usize, usize),
-    (m, k, n): (usize, usize, usize),
+/// `scale * lhs[m,k] · rhs[k,n]`, each operand read through (row stride,
+/// column stride), added to the output when `accumulate`.
+#[derive(Clone, Copy)]
+struct Product<'a> {
+    lhs: &'a [f32],
+    lhs_strides: (usize, usize),
+    rhs: &'a [f32],
+    rhs_strides: (usize, usize),
+    /// `(m, k, n)`.
+    dims: (usize, usize, usize),
     scale: f32,
     accumulate: bool,
-) {
+}
+
+/// `out[m,n] = (accumulate ? out : 0) + scale * lhs[m,k] · rhs[k,n]`.
+fn product(out: &mut [f32], p: Product<'_>) {
+    let Product { lhs, lhs_strides: (lrs, lcs), rhs, rhs_strides: (rrs, rcs), dims: (m, k, n), scale, accumulate } = p;
     assert_eq!(out.len(), m * n, "matmul output length");
     if empty_product(out, (m, k, n), accumulate) {
         return;
@@ -57,7 +61,7 @@ fn product(
     assert!(lhs.len() > (m - 1) * lrs + (k - 1) * lcs, "matmul lhs length");
     assert!(rhs.len() > (k - 1) * rrs + (n - 1) * rcs, "matmul rhs length");
     if m >= MANY_ROWS {
-        return product_blocks(out, lhs, (lrs, lcs), rhs, (rrs, rcs), (m, k, n), scale, accumulate);
+        return product_blocks(out, p);
     }
     // SAFETY: the asserts bound every index gemm reads (row * rs + col * cs)
     // inside the slices; `out` is exclusively borrowed and `m * n` long.
@@ -99,18 +103,9 @@ const TILE: usize = 16;
 /// operand per call, so splitting rows made every thread pack the whole
 /// weight (18% of a training step went to packing); splitting the wider
 /// dimension packs each operand part once.
-#[allow(clippy::too_many_arguments)]
-fn product_blocks(
-    out: &mut [f32],
-    lhs: &[f32],
-    (lrs, lcs): (usize, usize),
-    rhs: &[f32],
-    (rrs, rcs): (usize, usize),
-    (m, k, n): (usize, usize, usize),
-    scale: f32,
-    accumulate: bool,
-) {
+fn product_blocks(out: &mut [f32], p: Product<'_>) {
     use rayon::prelude::*;
+    let Product { lhs, lhs_strides: (lrs, lcs), rhs, rhs_strides: (rrs, rcs), dims: (m, k, n), scale, accumulate } = p;
     let threads = if m * n * k >= PARALLEL_MIN_MACS { rayon::current_num_threads() } else { 1 };
     let split_cols = n > m;
     let len = if split_cols { n } else { m };
@@ -149,18 +144,18 @@ fn product_blocks(
 
 /// `out[m,n] (+)= scale * a[m,k] · b[k,n]`.
 pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize), scale: f32, accumulate: bool) {
-    product(out, a, (k, 1), b, (n, 1), (m, k, n), scale, accumulate);
+    product(out, Product { lhs: a, lhs_strides: (k, 1), rhs: b, rhs_strides: (n, 1), dims: (m, k, n), scale, accumulate });
 }
 
 /// `out[m,n] (+)= scale * a[m,k] · b[n,k]^T`: the `nn.Linear` forward,
 /// `Y = X W^T` with `W: [out, in]`.
 pub fn matmul_bt(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize), scale: f32, accumulate: bool) {
-    product(out, a, (k, 1), b, (1, k), (m, k, n), scale, accumulate);
+    product(out, Product { lhs: a, lhs_strides: (k, 1), rhs: b, rhs_strides: (1, k), dims: (m, k, n), scale, accumulate });
 }
 
 /// `out[m,n] (+)= scale * a[k,m]^T · b[k,n]`: the weight-gradient shape.
 pub fn matmul_at(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize), scale: f32, accumulate: bool) {
-    product(out, a, (1, m), b, (n, 1), (m, k, n), scale, accumulate);
+    product(out, Product { lhs: a, lhs_strides: (1, m), rhs: b, rhs_strides: (n, 1), dims: (m, k, n), scale, accumulate });
 }
 
 /// Output rows per register tile of [`matmul_unpacked`]; callers that split

@@ -12,15 +12,16 @@
 //! into the DSP once (`fastrpc_mmap(.., FASTRPC_MAP_FD)`) and the skel's
 //! method 3 `map` tells the session where its weights lie in it; each
 //! request is then one synchronous `remote_handle64_invoke` of method 2 with
-//! the same `remote_arg` layout the in-process transport builds (in:
-//! request, input; out: response, output): weights never travel again. The skel library (`ci/build-skel.sh`) must be
+//! the `remote_arg` layout the in-process transport builds too (in:
+//! request, input; out: response, output; [`super::synchronous`]): weights
+//! never travel again. The skel library (`ci/build-skel.sh`) must be
 //! on the DSP's library path (`ADSP_LIBRARY_PATH`); the Hexagon SDK
 //! (HEXAGON_SDK_ROOT) is needed to sign it, not to build this transport.
-use super::{Fault, Layout, Region, Transport, TransportKind, INPUT, OUTPUT, WEIGHTS};
+use super::synchronous::{Skel, Synchronous};
+use super::{Fault, Layout, Region, TransportKind};
 use crate::{Error, Result};
-use hexlora_dsp::skel::{self, abi::AEE_SUCCESS, RemoteArg, RemoteBuf, Scalars, RESPONSE_BUF_BYTES};
+use hexlora_dsp::skel::{abi::AEE_SUCCESS, RemoteArg, Scalars};
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::time::Duration;
 
 /// The FastRPC library on a device.
 const LIBRARY_DEFAULT: &str = "libcdsprpc.so";
@@ -49,23 +50,15 @@ type HandleOpen = unsafe extern "C" fn(name: *const c_char, handle: *mut u64) ->
 type HandleInvoke = unsafe extern "C" fn(handle: u64, scalars: u32, args: *mut RemoteArg) -> c_int;
 type HandleClose = unsafe extern "C" fn(handle: u64) -> c_int;
 
-/// The entry points used, resolved once.
-struct Api {
+/// The FastRPC transport.
+pub type FastRpc = Synchronous<Api>;
+
+/// The entry points used, resolved once, and the library they live in.
+pub struct Api {
     open: HandleOpen,
     invoke: HandleInvoke,
     close: HandleClose,
     munmap: FastrpcMunmap,
-}
-
-/// The FastRPC transport.
-pub struct FastRpc {
-    api: Api,
-    handle: u64,
-    region: Region,
-    /// The rpcmem fd of the region, mapped into the DSP once.
-    fd: c_int,
-    response: Option<Vec<u8>>,
-    /// Declared last: dropped after the region has been freed through it.
     _lib: std::sync::Arc<libloading::Library>,
 }
 
@@ -101,6 +94,7 @@ impl FastRpc {
             invoke: symbol(&lib, "remote_handle64_invoke")?,
             close: symbol(&lib, "remote_handle64_close")?,
             munmap: symbol(&lib, "fastrpc_munmap")?,
+            _lib: std::sync::Arc::clone(&lib),
         };
         let size = c_int::try_from(layout.total).map_err(|_| Error::Npu(format!("rpcmem cannot allocate {} bytes", layout.total)))?;
         // SAFETY: rpcmem_alloc returns null or `size` bytes of shared memory.
@@ -108,7 +102,7 @@ impl FastRpc {
         if base.is_null() {
             return Err(Error::Npu(format!("rpcmem_alloc of {} bytes failed", layout.total)));
         }
-        let keep = std::sync::Arc::clone(&lib);
+        let keep = lib;
         let base_addr = base as usize;
         let release = Box::new(move || {
             // SAFETY: allocated above by rpcmem_alloc; `keep` holds the library.
@@ -125,93 +119,49 @@ impl FastRpc {
         if fd < 0 || code != AEE_SUCCESS {
             return Err(Error::Npu(format!("fastrpc_mmap of the {}-byte region (fd {fd}) failed with {code:#x}", layout.total)));
         }
-        let mut t = FastRpc { api, handle: 0, region, fd, response: None, _lib: lib };
-        t.handle = t.open()?;
-        Ok(t)
+        Synchronous::open_over(api, region, fd)
     }
+}
+
+impl Skel for Api {
+    const KIND: TransportKind = TransportKind::FastRpc;
 
     fn open(&mut self) -> Result<u64> {
         let uri = CString::new(URI).map_err(|_| Error::Npu("URI holds a NUL".into()))?;
         let mut handle = 0u64;
         // SAFETY: uri is NUL-terminated, handle writable.
-        let code = unsafe { (self.api.open)(uri.as_ptr(), &mut handle) };
+        let code = unsafe { (self.open)(uri.as_ptr(), &mut handle) };
         if code != AEE_SUCCESS {
             return Err(Error::Npu(format!("remote_handle64_open({URI}) failed with {code:#x}")));
-        }
-        let (offset, len) = self.region.buffer(WEIGHTS);
-        let mut map = skel::map_arg(self.fd, offset, len);
-        let mut args = [RemoteArg { buf: RemoteBuf { pv: map.as_mut_ptr().cast(), len: map.len() } }];
-        // SAFETY: one in-buffer, as method 3 takes.
-        let code = unsafe { (self.api.invoke)(handle, Scalars::make(skel::METHOD_MAP, 1, 0).0, args.as_mut_ptr()) };
-        if code != AEE_SUCCESS {
-            // SAFETY: the handle was opened above.
-            unsafe { (self.api.close)(handle) };
-            return Err(Error::Npu(format!("the skel's map of the weights failed with {code:#x}")));
         }
         Ok(handle)
     }
 
-    fn call(&mut self, request: &[u8]) -> std::result::Result<Vec<u8>, Fault> {
-        let mut req = request.to_vec();
-        let mut resp = [0u8; RESPONSE_BUF_BYTES];
-        let base = self.region.base();
-        let remote = |(off, len): (usize, usize)| RemoteArg {
-            // SAFETY (of the add): off lies inside the region (Layout).
-            buf: RemoteBuf { pv: unsafe { base.add(off) }.cast(), len },
-        };
-        let arg = |b: &mut [u8]| RemoteArg { buf: RemoteBuf { pv: b.as_mut_ptr().cast(), len: b.len() } };
-        let mut args = [arg(&mut req), remote(self.region.buffer(INPUT)), arg(&mut resp), remote(self.region.buffer(OUTPUT))];
-        let sc = Scalars::make(skel::METHOD_CALL, 2, 2);
-        // SAFETY: args holds the 4 buffers sc describes, alive for the call.
-        let code = unsafe { (self.api.invoke)(self.handle, sc.0, args.as_mut_ptr()) };
-        if code != AEE_SUCCESS {
-            // A dead DSP process domain shows up here (AEE_ENOSUCH and
-            // friends); the client restarts the session.
-            return Err(Fault::Crashed(format!("remote_handle64_invoke failed with {code:#x}")));
-        }
-        let len = u32::from_le_bytes([resp[0], resp[1], resp[2], resp[3]]) as usize;
-        resp.get(4..4 + len).map(<[u8]>::to_vec).ok_or_else(|| Fault::Transport(format!("response length {len} past the buffer")))
-    }
-}
-
-impl Transport for FastRpc {
-    fn kind(&self) -> TransportKind {
-        TransportKind::FastRpc
+    unsafe fn invoke(&mut self, handle: u64, sc: Scalars, args: &mut [RemoteArg]) -> c_int {
+        // SAFETY: the caller's contract.
+        unsafe { (self.invoke)(handle, sc.0, args.as_mut_ptr()) }
     }
 
-    fn region(&mut self) -> &mut Region {
-        &mut self.region
+    fn close(&mut self, handle: u64) {
+        // SAFETY: closes a handle opened by open().
+        unsafe { (self.close)(handle) };
     }
 
-    fn post(&mut self, request: &[u8]) -> std::result::Result<(), Fault> {
-        self.response = Some(self.call(request)?);
-        Ok(())
+    /// Unmaps the region from the DSP before rpcmem frees it.
+    fn unmap(&mut self, fd: c_int, region: &mut Region) {
+        let total = region.layout().total;
+        // SAFETY: the mapping came from with_library(), over the region,
+        // which is freed only after this (field order of Synchronous).
+        unsafe { (self.munmap)(CDSP_DOMAIN_ID, fd, region.base().cast(), total) };
     }
 
-    /// The call was synchronous; a hang inside it cannot be timed out from
-    /// here (FastRPC has no cancellation), which is a known limit.
-    fn wait(&mut self, _timeout: Duration) -> std::result::Result<Vec<u8>, Fault> {
-        self.response.take().ok_or_else(|| Fault::Transport("wait without a posted request".into()))
+    fn map_failed(code: c_int) -> Error {
+        Error::Npu(format!("the skel's map of the weights failed with {code:#x}"))
     }
 
-    fn restart(&mut self) -> Result<()> {
-        // SAFETY: closes the handle opened in open().
-        unsafe { (self.api.close)(self.handle) };
-        self.response = None;
-        self.handle = self.open()?;
-        Ok(())
-    }
-}
-
-impl Drop for FastRpc {
-    fn drop(&mut self) {
-        let total = self.region.layout().total;
-        let base = self.region.base();
-        // SAFETY: the handle came from open(); the mapping from new(), over
-        // the region, which is freed only after this (field order).
-        unsafe {
-            (self.api.close)(self.handle);
-            (self.api.munmap)(CDSP_DOMAIN_ID, self.fd, base.cast(), total);
-        }
+    /// A dead DSP process domain shows up here (AEE_ENOSUCH and friends);
+    /// the client restarts the session.
+    fn call_failed(code: c_int) -> Fault {
+        Fault::Crashed(format!("remote_handle64_invoke failed with {code:#x}"))
     }
 }

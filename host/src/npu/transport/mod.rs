@@ -21,12 +21,17 @@
 //!   child process, the mailbox in a `/dev/shm` file both map;
 //! - `fastrpc` (feature `fastrpc`): `libcdsprpc.so` loaded at run time.
 //!
+//! The first and the last call the skel synchronously, one request per
+//! invoke, through [`synchronous`]; the other two share the mailbox host
+//! side in [`queue`].
+//!
 //! [`Request`]: hexlora_proto::protocol::Request
 //! [`Response`]: hexlora_proto::protocol::Response
 pub mod in_process;
 pub mod queue;
 pub mod shared_memory;
 pub mod simulator;
+pub mod synchronous;
 
 #[cfg(feature = "fastrpc")]
 pub mod fastrpc;

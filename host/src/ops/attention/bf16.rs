@@ -12,7 +12,7 @@
 //! are computed transposed (`[keys, queries]`), so that `p^T` and `ds^T`,
 //! the A operands of `dv` and `dk`, are plain rows; only `dq = ds k` reads
 //! `ds` transposed (16x16 register transposes).
-use super::{key_blocks, lane_dot, query_blocks, softmax_prefix, AttnDims, KeyBlockGrads, SharedMut};
+use super::{key_blocks, lane_dot, query_blocks, softmax_prefix, AttnDims, BackwardInputs, KeyBlockGrads, SharedMut};
 use crate::ops::activation::{exp, simd_fn};
 use crate::ops::bf16_matmul::operands::{product, ARows, BPanels, Lines};
 use rayon::prelude::*;
@@ -76,16 +76,8 @@ struct KvOperands {
 
 /// The backward (see `attention_backward`), per (query head, block of
 /// keys) over the queries that see the block.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn backward(
-    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
-    dout: &[f32],
-    (q, k, v): (&[f32], &[f32], &[f32]),
-    out: &[f32],
-    lse: &[f32],
-    d: AttnDims,
-    scale: f32,
-) {
+pub(super) fn backward((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x: BackwardInputs<'_>) {
+    let BackwardInputs { dout, q, k, v, out, lse, d, scale } = x;
     let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
