@@ -31,5 +31,8 @@ pub mod runtime;
 pub mod serve;
 pub mod tensor;
 pub mod train;
+#[cfg(test)]
+#[allow(dead_code)] // not every target's tests use both kinds of skip
+mod test_skip;
 
 pub use error::{Error, Result};
