@@ -461,7 +461,8 @@ mod tests {
     }
 
     /// The portable kernel and the tile kernels this CPU runs (the
-    /// AVX512-BF16 and BFMMLA kernels have their own tests too).
+    /// AVX512-BF16 and BFMMLA kernels have their own tests too); a skip of
+    /// the tile kernels' part when there are none.
     fn kernels() -> Vec<Kernel> {
         let mut kernels = vec![Kernel::Portable];
         if amx_available() {
@@ -471,7 +472,10 @@ mod tests {
             kernels.push(Kernel::NeonBfmmla);
         }
         if kernels.len() == 1 {
-            eprintln!("no AMX-BF16 or BFMMLA on this CPU/OS: checking the portable kernel only");
+            crate::test_skip::skip_allowed_in_ci(
+                "the tile kernels' part: no AMX-BF16 or BFMMLA on this CPU/OS (the portable kernel is checked)",
+                crate::test_skip::CPU_CLASS_VARIES,
+            );
         }
         kernels
     }
@@ -481,6 +485,7 @@ mod tests {
     /// starts mid-table.
     #[test]
     fn both_directions_match_f64_of_bf16_operands() {
+        let kernels = kernels();
         // (40, 1700) and (1700, 40): a reduction longer than one AMX pass
         for &(out_f, in_f) in &[(40, 50), (19, 70), (33, 96), (64, 31), (100, 200), (40, 1700), (1700, 40)] {
             let first = 3;
@@ -493,7 +498,7 @@ mod tests {
                 let want = reference(&x, tokens, in_f, |p, j| w_at(j, p), out_f);
                 let dy = values(tokens * out_f, 0.53, 0.8);
                 let want_dx = reference(&dy, tokens, out_f, w_at, in_f);
-                for kernel in kernels() {
+                for &kernel in &kernels {
                     let mut y = vec![f32::NAN; tokens * out_f];
                     forward(kernel, &mut y, &x, tokens, w);
                     assert_close(&y, &want, &format!("{kernel:?} forward {tokens}x{in_f}->{out_f}"));
@@ -528,8 +533,7 @@ mod tests {
             assert_eq!(run(kernel, 1), run(kernel, 3), "{kernel:?}: bit-identical across thread counts");
         }
         if !amx_available() {
-            eprintln!("skipping the AMX-vs-portable comparison: AMX-BF16 not available");
-            return;
+            return crate::test_skip::skip_allowed_in_ci("the AMX-vs-portable comparison: no AMX-BF16 on this CPU/OS", crate::test_skip::CPU_CLASS_VARIES);
         }
         let (amx, port) = (run(Kernel::Amx, 2), run(Kernel::Portable, 2));
         for (a, p) in amx.0.iter().zip(&port.0).chain(amx.1.iter().zip(&port.1)) {
@@ -541,11 +545,14 @@ mod tests {
     /// side output (`xa`, `dxa`) on its own, then the whole output with the
     /// side's f32 values split as the kernel's extra reduction block
     /// splits them. Ranks below, at and above half a 32-column block.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn lora_carrying_products_match_f64_of_bf16_operands() {
         if !amx_available() {
-            eprintln!("AMX-BF16 not available: the LoRA-carrying products are AMX-only (callers fall back)");
-            return;
+            return crate::test_skip::skip_allowed_in_ci(
+                "no AMX-BF16 on this CPU/OS: the LoRA-carrying products are AMX-only (callers fall back)",
+                crate::test_skip::CPU_CLASS_VARIES,
+            );
         }
         let r16 = |v: f32| bf16::from_f32(v).to_f64();
         // a branch operand as the kernel carries it: bf16 plus its bf16 remainder
