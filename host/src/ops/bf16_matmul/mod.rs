@@ -13,8 +13,8 @@
 //!   per-thread scratch (AVX-512 shuffles) and reuses them for every token
 //!   block: one copy of W in memory, two cheap tile layouts on the fly. The
 //!   activation is rounded once per call into tile order (per pass of
-//!   ~768 KB when the reduction is long, so it stays in L2). Speed: the
-//!   ignored benchmarks in `bench.rs`.
+//!   ~768 KB when the reduction is long, so it stays in L2). Speed:
+//!   `host/examples/bench_bf16_matmul.rs`.
 //! - [`Kernel::Avx512Bf16`] (x86-64 with AVX512-BF16 but no AMX, e.g. AMD
 //!   Zen 4, `avx512bf16.rs`): `VDPBF16PS` register tiles over operands
 //!   packed in bf16 pairs along the reduction, twice the multiply-adds per
@@ -47,10 +47,8 @@ mod portable;
 pub use portable::{f32_forward, f32_input_grad};
 #[cfg(target_arch = "x86_64")]
 pub mod operands;
-// The speed bench times the x86 kernels (AMX, VDPBF16PS) beside the
-// portable one.
-#[cfg(all(test, target_arch = "x86_64"))]
-mod bench;
+#[cfg(target_arch = "x86_64")]
+pub mod kernel_bench;
 
 /// A `[rows, cols]` matrix of bf16, row-major, no padding.
 pub struct Bf16Matrix {
