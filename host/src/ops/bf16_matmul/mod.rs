@@ -443,6 +443,7 @@ mod tests {
     }
 
     /// `scale bf16(a) b` with `b` as its two-bf16 split, in f64.
+    #[cfg(target_arch = "x86_64")] // for the AMX-only LoRA-carrying products
     fn reference_split(a: &[f32], a_rows: usize, k: usize, b_at: impl Fn(usize, usize) -> f32, n: usize, scale: f64) -> Vec<(f64, f64)> {
         let r = |v: f32| bf16::from_f32(v).to_f64();
         let lo = |v: f32| r(v - bf16::from_f32(v).to_f32());
