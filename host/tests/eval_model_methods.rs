@@ -10,15 +10,11 @@ use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
 use hexlora::train::grad::evaluate;
 use hexlora::train::graph::TrainableModel;
-use std::path::PathBuf;
+
+mod support;
 
 fn model() -> Option<EvalModel> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !p.exists() {
-        eprintln!("SKIPPED: {} is absent (run toolchain/fetch-models.sh)", p.display());
-        return None;
-    }
-    Some(EvalModel::open(&p).unwrap())
+    Some(EvalModel::open(&support::smollm2()?).unwrap())
 }
 
 /// A LoRA with non-zero B, so the branch changes the logits.

@@ -11,6 +11,8 @@ use hexlora::eval::task::TaskSpec;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+mod support;
+
 fn split() -> Split {
     let labels = vec!["art".to_string(), "law".to_string(), "love".to_string()];
     let item = |id: &str, cat: &str| ProfileItem {
@@ -48,8 +50,7 @@ fn png_size(path: &PathBuf) -> (u32, u32) {
 #[test]
 fn report_table_and_plots() {
     if !std::path::Path::new(DEFAULT_FONT).exists() && std::env::var("HEXLORA_FONT").is_err() {
-        eprintln!("SKIP: no font at {DEFAULT_FONT} (install fonts-dejavu-core)");
-        return;
+        return support::skip(&format!("no font at {DEFAULT_FONT} and HEXLORA_FONT is not set (toolchain/install.sh installs fonts-dejavu-core)"));
     }
     let results = results();
     // Train profiles: art 2, love 2, law 1 -> global "art": 1/3 right; user: ann art (1/2), bob love (1/1).

@@ -1,22 +1,29 @@
 //! A defmt message logged by firmware running under qemu-hexagon is decoded
 //! on the host.
 //!
-//! Needs qemu-hexagon and the simulator firmware ELF; ci/test.sh builds the
-//! ELF (ci/sim-test.sh) and runs this test with HEXLORA_FIRMWARE_ELF set.
-//! Without either, the test says what is missing and passes as skipped.
+//! Needs qemu-hexagon (toolchain/install.sh) and the simulator firmware ELF
+//! (`HEXLORA_FIRMWARE_ELF`). ci/test.sh builds the ELF (as ci/sim-test.sh
+//! does) after its workspace run and then runs this test with it set.
+//! Without qemu-hexagon the test skips, a failure under CI; without the
+//! ELF it skips, under CI too.
 use hexlora::npu::firmware_log::{parse_ring_dump, FirmwareLog};
 use std::path::PathBuf;
 use std::process::Command;
 
+mod support;
+
 fn firmware_elf() -> Option<PathBuf> {
     if Command::new("qemu-hexagon").arg("--version").output().is_err() {
-        eprintln!("SKIPPED firmware_log: qemu-hexagon not found (Debian package qemu-user; toolchain/install.sh)");
+        support::skip("qemu-hexagon not found (Debian package qemu-user; toolchain/install.sh)");
         return None;
     }
     match std::env::var_os("HEXLORA_FIRMWARE_ELF") {
         Some(p) => Some(PathBuf::from(p)),
         None => {
-            eprintln!("SKIPPED firmware_log: HEXLORA_FIRMWARE_ELF not set (ci/test.sh sets it after ci/sim-test.sh)");
+            support::skip_allowed_in_ci(
+                "HEXLORA_FIRMWARE_ELF is not set",
+                "ci/test.sh's workspace run comes before the ELF is built; its own run of this test sets it",
+            );
             None
         }
     }

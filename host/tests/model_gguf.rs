@@ -9,18 +9,11 @@ use hexlora::model::gguf::{Gguf, Value};
 use hexlora::model::source::{DType, TensorSource};
 use std::path::{Path, PathBuf};
 
+mod support;
+use support::smollm2;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf").join(name)
-}
-
-fn smollm2() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.is_file() {
-        Some(p)
-    } else {
-        println!("SKIPPED: {} absent (run toolchain/fetch-models.sh)", p.display());
-        None
-    }
 }
 
 /// Reads the tensor `name` of the fixture as f32 through hexlora's own

@@ -22,15 +22,8 @@ use hexlora::model::generate::{generate, Sampling};
 use safetensors::SafeTensors;
 use std::path::PathBuf;
 
-fn gguf_path() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: {} is absent (run toolchain/fetch-models.sh)", p.display());
-        None
-    }
-}
+mod support;
+use support::smollm2 as gguf_path;
 
 fn expected() -> Vec<u8> {
     std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/smollm2/expected.safetensors"))

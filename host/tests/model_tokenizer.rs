@@ -4,17 +4,10 @@
 use hexlora::model::chat::{ChatTemplate, Message};
 use hexlora::model::gguf::Gguf;
 use hexlora::model::tokenizer::Tokenizer;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn smollm2() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.is_file() {
-        Some(p)
-    } else {
-        println!("SKIPPED: {} absent (run toolchain/fetch-models.sh)", p.display());
-        None
-    }
-}
+mod support;
+use support::smollm2;
 
 fn fixture() -> serde_json::Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/smollm2_tokenizer.json");

@@ -378,7 +378,7 @@ impl Tape {
             };
             proj.apply_overlapped(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, &mut side)?;
             // Straight into y: a separate [T, out] branch output plus an add
-            // pass cost more than this product (measured, lora::branch::bench).
+            // pass cost more than this product (measured, examples/bench_lora_branch.rs).
             branch::add_up(&mut y.data, &xa, &bv.data, scaling, shapes);
         }
         let kind = NodeKind::ProjectionLora { proj: proj.clone(), scaling, dropout, xa, carried };

@@ -276,9 +276,6 @@ pub fn grad_a(da: &mut [f32], dxa: &[f32], x: &[f32], dropout: Option<Dropout>, 
 }
 
 #[cfg(test)]
-mod bench;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -302,40 +302,4 @@ mod tests {
         let bad = head_forward_backward(&slices(&w, hidden, &[37]), &x, rows, &[0, 1, 2, 3, 37], 1.0, 2, false, None);
         assert!(bad.unwrap_err().to_string().contains("outside the vocabulary"));
     }
-
-    /// Speed of the SmolLM2-135M head (tied 49152 x 576 bf16, 4096-wide
-    /// slices) over 256 rows, and of its 12 + 12 products alone. Not a test:
-    /// prints milliseconds. Run:
-    /// `RAYON_NUM_THREADS=2 cargo test -p hexlora --release --lib cross_entropy::tests::bench -- --ignored --nocapture`
-    #[test]
-    #[ignore = "benchmark: prints milliseconds"]
-    fn bench_smollm2_head() {
-        use crate::model::cpu_projection::Bf16Projection;
-        use crate::ops::bf16_matmul::Bf16Matrix;
-        let (vocab, hidden, rows) = (49152, 576, 256);
-        let w: Vec<f32> = (0..vocab * hidden).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4).collect();
-        let table = Arc::new(Bf16Matrix::from_f32(&w, vocab, hidden));
-        let x: Vec<f32> = (0..rows * hidden).map(|i| ((i * 31 % 97) as f32 - 48.0) * 0.05).collect();
-        let tg: Vec<i64> = (0..rows).map(|r| (r * 193 % vocab) as i64).collect();
-        let best = |f: &mut dyn FnMut()| crate::bench_clock::best_ms(5, f);
-        for width in [VOCAB_SLICE, 2048, 1024] {
-            let head: Vec<Arc<dyn Projection>> = (0..vocab / width)
-                .map(|i| {
-                    let info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: width, in_features: hidden };
-                    Arc::new(Bf16Projection::window(info, table.clone(), i * width).unwrap()) as Arc<dyn Projection>
-                })
-                .collect();
-            let whole = best(&mut || {
-                head_forward_backward(&head, &x, rows, &tg, rows as f32, 256, true, None).unwrap();
-            });
-            let (mut lg, mut dx) = (vec![0f32; rows * width], vec![0f32; rows * hidden]);
-            let products = best(&mut || {
-                for s in &head {
-                    s.apply(Direction::Forward, &x, rows, &mut lg).unwrap();
-                    s.apply(Direction::InputGrad, &lg, rows, &mut dx).unwrap();
-                }
-            });
-            println!("head {rows} rows, {width}-wide slices: forward+backward {whole:.1} ms, its {} + {} products alone {products:.1} ms", head.len(), head.len());
-        }
-    }
 }

@@ -768,9 +768,8 @@ unsafe fn store_tile(t: usize, dst: *mut f32, stride: usize) {
 }
 
 /// `reps` 32x32 blocks over `kp` from the same `a` and `panel` (bench
-/// only); `mode` 0 = the real block, 1 = only the 4 products per step,
-/// 2 = only the 4 loads per step.
-#[cfg(test)]
+/// only: [`super::kernel_bench`]); `mode` 0 = the real block, 1 = only the
+/// 4 products per step, 2 = only the 4 loads per step.
 pub(super) fn tile_loop_for_bench(a: &[u16], panel: &[u16], kp: usize, reps: usize, mode: u32) {
     assert!(a.len() >= 2 * TM * kp && panel.len() >= 2 * TM * kp);
     let _tiles = Tiles::load();
@@ -797,9 +796,9 @@ pub(super) fn tile_loop_for_bench(a: &[u16], panel: &[u16], kp: usize, reps: usi
     }
 }
 
-/// Seconds of the forward's parts on this thread (bench only): rounding
-/// the activation, preparing every B panel, the whole product.
-#[cfg(test)]
+/// Seconds of the forward's parts on this thread (bench only:
+/// [`super::kernel_bench`]): rounding the activation, preparing every B
+/// panel, the whole product.
 pub(super) fn forward_parts_for_bench(x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) -> [f64; 3] {
     use std::time::Instant;
     let (mp, kp) = (tokens.next_multiple_of(2 * TM), k.next_multiple_of(TK));

@@ -13,8 +13,8 @@
 //!   per-thread scratch (AVX-512 shuffles) and reuses them for every token
 //!   block: one copy of W in memory, two cheap tile layouts on the fly. The
 //!   activation is rounded once per call into tile order (per pass of
-//!   ~768 KB when the reduction is long, so it stays in L2). Speed: the
-//!   ignored benchmarks in `bench.rs`.
+//!   ~768 KB when the reduction is long, so it stays in L2). Speed:
+//!   `host/examples/bench_bf16_matmul.rs`.
 //! - [`Kernel::Avx512Bf16`] (x86-64 with AVX512-BF16 but no AMX, e.g. AMD
 //!   Zen 4, `avx512bf16.rs`): `VDPBF16PS` register tiles over operands
 //!   packed in bf16 pairs along the reduction, twice the multiply-adds per
@@ -47,10 +47,8 @@ mod portable;
 pub use portable::{f32_forward, f32_input_grad};
 #[cfg(target_arch = "x86_64")]
 pub mod operands;
-// The speed bench times the x86 kernels (AMX, VDPBF16PS) beside the
-// portable one.
-#[cfg(all(test, target_arch = "x86_64"))]
-mod bench;
+#[cfg(target_arch = "x86_64")]
+pub mod kernel_bench;
 
 /// A `[rows, cols]` matrix of bf16, row-major, no padding.
 pub struct Bf16Matrix {
@@ -445,6 +443,7 @@ mod tests {
     }
 
     /// `scale bf16(a) b` with `b` as its two-bf16 split, in f64.
+    #[cfg(target_arch = "x86_64")] // for the AMX-only LoRA-carrying products
     fn reference_split(a: &[f32], a_rows: usize, k: usize, b_at: impl Fn(usize, usize) -> f32, n: usize, scale: f64) -> Vec<(f64, f64)> {
         let r = |v: f32| bf16::from_f32(v).to_f64();
         let lo = |v: f32| r(v - bf16::from_f32(v).to_f32());
@@ -461,7 +460,8 @@ mod tests {
     }
 
     /// The portable kernel and the tile kernels this CPU runs (the
-    /// AVX512-BF16 and BFMMLA kernels have their own tests too).
+    /// AVX512-BF16 and BFMMLA kernels have their own tests too); a skip of
+    /// the tile kernels' part when there are none.
     fn kernels() -> Vec<Kernel> {
         let mut kernels = vec![Kernel::Portable];
         if amx_available() {
@@ -471,7 +471,10 @@ mod tests {
             kernels.push(Kernel::NeonBfmmla);
         }
         if kernels.len() == 1 {
-            eprintln!("no AMX-BF16 or BFMMLA on this CPU/OS: checking the portable kernel only");
+            crate::test_skip::skip_allowed_in_ci(
+                "the tile kernels' part: no AMX-BF16 or BFMMLA on this CPU/OS (the portable kernel is checked)",
+                crate::test_skip::CPU_CLASS_VARIES,
+            );
         }
         kernels
     }
@@ -481,6 +484,7 @@ mod tests {
     /// starts mid-table.
     #[test]
     fn both_directions_match_f64_of_bf16_operands() {
+        let kernels = kernels();
         // (40, 1700) and (1700, 40): a reduction longer than one AMX pass
         for &(out_f, in_f) in &[(40, 50), (19, 70), (33, 96), (64, 31), (100, 200), (40, 1700), (1700, 40)] {
             let first = 3;
@@ -493,7 +497,7 @@ mod tests {
                 let want = reference(&x, tokens, in_f, |p, j| w_at(j, p), out_f);
                 let dy = values(tokens * out_f, 0.53, 0.8);
                 let want_dx = reference(&dy, tokens, out_f, w_at, in_f);
-                for kernel in kernels() {
+                for &kernel in &kernels {
                     let mut y = vec![f32::NAN; tokens * out_f];
                     forward(kernel, &mut y, &x, tokens, w);
                     assert_close(&y, &want, &format!("{kernel:?} forward {tokens}x{in_f}->{out_f}"));
@@ -528,8 +532,7 @@ mod tests {
             assert_eq!(run(kernel, 1), run(kernel, 3), "{kernel:?}: bit-identical across thread counts");
         }
         if !amx_available() {
-            eprintln!("skipping the AMX-vs-portable comparison: AMX-BF16 not available");
-            return;
+            return crate::test_skip::skip_allowed_in_ci("the AMX-vs-portable comparison: no AMX-BF16 on this CPU/OS", crate::test_skip::CPU_CLASS_VARIES);
         }
         let (amx, port) = (run(Kernel::Amx, 2), run(Kernel::Portable, 2));
         for (a, p) in amx.0.iter().zip(&port.0).chain(amx.1.iter().zip(&port.1)) {
@@ -541,11 +544,14 @@ mod tests {
     /// side output (`xa`, `dxa`) on its own, then the whole output with the
     /// side's f32 values split as the kernel's extra reduction block
     /// splits them. Ranks below, at and above half a 32-column block.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn lora_carrying_products_match_f64_of_bf16_operands() {
         if !amx_available() {
-            eprintln!("AMX-BF16 not available: the LoRA-carrying products are AMX-only (callers fall back)");
-            return;
+            return crate::test_skip::skip_allowed_in_ci(
+                "no AMX-BF16 on this CPU/OS: the LoRA-carrying products are AMX-only (callers fall back)",
+                crate::test_skip::CPU_CLASS_VARIES,
+            );
         }
         let r16 = |v: f32| bf16::from_f32(v).to_f64();
         // a branch operand as the kernel carries it: bf16 plus its bf16 remainder

@@ -1,11 +1,31 @@
-//! Speed of the branch on SmolLM2-135M's seven projections, 256 tokens, rank
-//! 16, next to the previous composition (matrixmultiply/gemm through
-//! `ops::matmul`) in the same run. Not a test of anything: an ignored test
-//! that prints best-of-N milliseconds per call. Run:
-//! `RAYON_NUM_THREADS=2 cargo test -p hexlora --release --lib lora::branch::bench -- --ignored --nocapture`
-use super::*;
-use crate::ops::matmul::{matmul, matmul_at, matmul_bt};
+//! Speed of the LoRA branch (`lora::branch`) on SmolLM2-135M's seven
+//! projections, 256 tokens, rank 16: best-of-30 milliseconds per call, no
+//! assertions.
+//!
+//! ```text
+//! RAYON_NUM_THREADS=2 cargo run --release -p hexlora --example bench_lora_branch [-- NAME...]
+//! ```
+//! NAME is any of (default: all):
+//! - `smollm2_shapes`: the branch's forward and backward next to the
+//!   previous composition (four packed products through `ops::matmul`) in
+//!   the same run;
+//! - `smollm2_products`: its six products one at a time on the calling
+//!   thread;
+//! - `smollm2_fused_node`: the fused `proj+lora` node (bf16 frozen weight,
+//!   the training default) against the bare projection node: the
+//!   difference is what LoRA costs a training step, allocations and adds
+//!   included.
+use hexlora::autograd::Tape;
+use hexlora::bench_support::{best_ms, cpu_name};
+use hexlora::lora::branch::{backward, forward_into, transposed, Grads, Shapes};
+use hexlora::model::cpu_projection::Bf16Projection;
+use hexlora::ops::matmul::{matmul, matmul_at, matmul_bt, matmul_unpacked};
+use hexlora::projection::{Projection, ProjectionInfo, ProjectionKind};
+use hexlora::tensor::Tensor;
+use std::sync::Arc;
 use std::time::Instant;
+
+const NAMES: [&str; 3] = ["smollm2_shapes", "smollm2_products", "smollm2_fused_node"];
 
 /// `(name, in, out)` of one layer's projections.
 const SHAPES: [(&str, usize, usize); 7] =
@@ -13,6 +33,25 @@ const SHAPES: [(&str, usize, usize); 7] =
 const TOKENS: usize = 256;
 const RANK: usize = 16;
 const ROUNDS: usize = 30;
+
+fn main() {
+    let mut names: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(bad) = names.iter().find(|n| !NAMES.contains(&n.as_str())) {
+        eprintln!("unknown benchmark {bad:?}; the benchmarks: {}", NAMES.join(" "));
+        std::process::exit(2);
+    }
+    if names.is_empty() {
+        names = NAMES.map(String::from).to_vec();
+    }
+    println!("cpu: {}", cpu_name());
+    for name in &names {
+        match name.as_str() {
+            "smollm2_shapes" => smollm2_shapes(),
+            "smollm2_products" => smollm2_products(),
+            _ => smollm2_fused_node(),
+        }
+    }
+}
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
     (0..n).map(|i| (((i * 7919 + seed * 104_729) % 1009) as f32 / 1009.0 - 0.5) * 0.2).collect()
@@ -33,12 +72,10 @@ fn old_backward(g: &mut Grads, dxa: &mut [f32], dy: &[f32], x: &[f32], a: &[f32]
     matmul(g.dx.as_deref_mut().unwrap(), dxa, a, (t, r, in_f), 1.0, false);
 }
 
-fn best_ms(f: impl FnMut()) -> f64 {
-    crate::bench_clock::best_ms(ROUNDS, f)
+fn best(f: impl FnMut()) -> f64 {
+    best_ms(ROUNDS, f)
 }
 
-#[test]
-#[ignore = "benchmark: prints timings"]
 fn smollm2_shapes() {
     println!("{} threads, {TOKENS} tokens, rank {RANK}; ms per call, best of {ROUNDS}", rayon::current_num_threads());
     println!("{:>5} {:>9} {:>9} {:>9} {:>9} {:>7}", "proj", "fwd old", "fwd new", "bwd old", "bwd new", "GFLOP/s");
@@ -49,10 +86,10 @@ fn smollm2_shapes() {
         let (mut y, mut xa, mut dxa) = (vec![0.0; TOKENS * out_f], vec![0.0; TOKENS * RANK], vec![0.0; TOKENS * RANK]);
         let mut g = Grads { dx: Some(vec![0.0; x.len()]), da: Some(vec![0.0; a.len()]), db: Some(vec![0.0; b.len()]) };
         let times = [
-            best_ms(|| old_forward(&mut y, &mut xa, &x, &a, &b, 2.0, sh)),
-            best_ms(|| forward_into(&mut y, &mut xa, &x, &a, &b, 2.0, None, sh)),
-            best_ms(|| old_backward(&mut g, &mut dxa, &dy, &x, &a, &b, &xa, 2.0, sh)),
-            best_ms(|| backward(&mut g, &dy, &x, &a, &b, &xa, 2.0, None, sh)),
+            best(|| old_forward(&mut y, &mut xa, &x, &a, &b, 2.0, sh)),
+            best(|| forward_into(&mut y, &mut xa, &x, &a, &b, 2.0, None, sh)),
+            best(|| old_backward(&mut g, &mut dxa, &dy, &x, &a, &b, &xa, 2.0, sh)),
+            best(|| backward(&mut g, &dy, &x, &a, &b, &xa, 2.0, None, sh)),
         ];
         let flops = 2.0 * 3.0 * (TOKENS * RANK * (in_f + out_f)) as f64;
         println!(
@@ -76,11 +113,7 @@ fn smollm2_shapes() {
     );
 }
 
-/// The six products one at a time on the calling thread.
-#[test]
-#[ignore = "benchmark: prints timings"]
 fn smollm2_products() {
-    use crate::ops::matmul::matmul_unpacked;
     println!("calling thread, {TOKENS} tokens, rank {RANK}; ms per product (GFLOP/s), best of {ROUNDS}");
     println!("{:>5} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14}", "proj", "xa=XA^T", "y=xaB^T", "dB=dY^Txa", "dxa=dYB", "dA=dxa^TX", "dX=dxaA");
     for (name, in_f, out_f) in SHAPES {
@@ -91,28 +124,18 @@ fn smollm2_products() {
         let (mut dx, mut da, mut db) = (vec![0.0; x.len()], vec![0.0; a.len()], vec![0.0; b.len()]);
         let cell = |ms: f64, macs: usize| format!("{ms:.3} ({:.0})", 2.0 * macs as f64 / ms * 1e-6);
         let cells = [
-            cell(best_ms(|| matmul_unpacked(&mut xa, &x, (in_f, 1), &at, (t, in_f, r), 1.0, false)), t * in_f * r),
-            cell(best_ms(|| matmul_unpacked(&mut y, &xa, (r, 1), &bt, (t, r, out_f), 2.0, false)), t * out_f * r),
-            cell(best_ms(|| matmul_unpacked(&mut db, &dy, (1, out_f), &xa, (out_f, t, r), 2.0, false)), t * out_f * r),
-            cell(best_ms(|| matmul_unpacked(&mut dxa, &dy, (out_f, 1), &b, (t, out_f, r), 2.0, false)), t * out_f * r),
-            cell(best_ms(|| matmul_unpacked(&mut da, &dxa, (1, r), &x, (r, t, in_f), 1.0, false)), t * in_f * r),
-            cell(best_ms(|| matmul_unpacked(&mut dx, &dxa, (r, 1), &a, (t, r, in_f), 1.0, false)), t * in_f * r),
+            cell(best(|| matmul_unpacked(&mut xa, &x, (in_f, 1), &at, (t, in_f, r), 1.0, false)), t * in_f * r),
+            cell(best(|| matmul_unpacked(&mut y, &xa, (r, 1), &bt, (t, r, out_f), 2.0, false)), t * out_f * r),
+            cell(best(|| matmul_unpacked(&mut db, &dy, (1, out_f), &xa, (out_f, t, r), 2.0, false)), t * out_f * r),
+            cell(best(|| matmul_unpacked(&mut dxa, &dy, (out_f, 1), &b, (t, out_f, r), 2.0, false)), t * out_f * r),
+            cell(best(|| matmul_unpacked(&mut da, &dxa, (1, r), &x, (r, t, in_f), 1.0, false)), t * in_f * r),
+            cell(best(|| matmul_unpacked(&mut dx, &dxa, (r, 1), &a, (t, r, in_f), 1.0, false)), t * in_f * r),
         ];
         println!("{name:>5} {}", cells.map(|c| format!("{c:>14}")).join(" "));
     }
 }
 
-/// The fused `proj+lora` node (bf16 frozen weight, the training default)
-/// against the bare projection node: the difference is what LoRA costs a
-/// training step, allocations and adds included.
-#[test]
-#[ignore = "benchmark: prints timings"]
 fn smollm2_fused_node() {
-    use crate::autograd::Tape;
-    use crate::model::cpu_projection::Bf16Projection;
-    use crate::projection::{Projection, ProjectionInfo, ProjectionKind};
-    use crate::tensor::Tensor;
-    use std::sync::Arc;
     println!("{} threads, {TOKENS} tokens, rank {RANK}; ms per node, best of {ROUNDS}", rayon::current_num_threads());
     println!("{:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "proj", "fwd bare", "fwd lora", "bwd bare", "bwd lora", "lora+");
     let mut extra = 0.0;
