@@ -10,7 +10,7 @@ use hexlora::lora::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::model::config::ModelConfig;
 use hexlora::model::hf_dir::HfDir;
-use hexlora::train::decoder_graph::DecoderGraph;
+use hexlora::model::llama::DecoderGraph;
 use std::path::PathBuf;
 
 fn dir() -> PathBuf {

@@ -11,7 +11,7 @@ use hexlora::model::hf_dir::HfDir;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::Decay;
 use hexlora::train::data::{Encoder, Message};
-use hexlora::train::decoder_graph::DecoderGraph;
+use hexlora::model::llama::DecoderGraph;
 use std::path::Path;
 
 /// A real (if crude) byte tokenizer for the 64-token fixture vocabulary.

@@ -114,9 +114,9 @@ fn open(arch: &str, make: &ProjectionFactory<'_>) -> Box<dyn TrainableModel> {
     let dir = HfDir::open(&fixture(arch).join("model")).unwrap();
     let cfg = ModelConfig::from_hf_json(dir.config()).unwrap();
     if cfg.arch == Arch::Qwen35 {
-        Box::new(hexlora::train::qwen35_graph::Qwen35Graph::load_with(&dir, cfg, make).unwrap())
+        Box::new(hexlora::model::qwen35::Qwen35Graph::load_with(&dir, cfg, make).unwrap())
     } else {
-        Box::new(hexlora::train::decoder_graph::DecoderGraph::load_with(&dir, cfg, make).unwrap())
+        Box::new(hexlora::model::llama::DecoderGraph::load_with(&dir, cfg, make).unwrap())
     }
 }
 

@@ -5,7 +5,7 @@ use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::mezo::Mezo;
 use hexlora::optim::schedule::{Decay, Schedule};
-use hexlora::train::decoder_graph::DecoderGraph;
+use hexlora::model::llama::DecoderGraph;
 use hexlora::train::grad::evaluate;
 use hexlora::train::graph::{Batch, TrainableModel};
 use hexlora::train::mezo_loop::{train_mezo, MezoConfig, MezoState, RunOptions};

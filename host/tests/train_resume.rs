@@ -6,7 +6,7 @@ use hexlora::lora::LoraConfig;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};
 use hexlora::train::commit::TrainState;
-use hexlora::train::decoder_graph::DecoderGraph;
+use hexlora::model::llama::DecoderGraph;
 use hexlora::train::graph::Batch;
 use hexlora::train::trainer::{train, RunOptions, TrainConfig};
 use std::path::{Path, PathBuf};

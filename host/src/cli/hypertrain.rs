@@ -12,7 +12,8 @@ use crate::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
 use crate::lora::Adapter;
 use crate::optim::adamw::AdamWConfig;
 use crate::optim::schedule::Decay;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::checkpoint::Checkpoint;
+use crate::model::llama::DecoderGraph;
 use crate::train::text_encoder::ModelText;
 use std::path::{Path, PathBuf};
 
@@ -181,8 +182,9 @@ fn train_config(args: &Args) -> HyperTrainConfig {
 
 /// Runs `hexlora hypertrain`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = DecoderGraph::open(&args.model)?;
-    let text = ModelText::open(&args.model)?;
+    let ckpt = Checkpoint::open(&args.model)?;
+    let model = DecoderGraph::load(ckpt.tensors(), ckpt.config.clone())?;
+    let text = ModelText::of(&ckpt)?;
     let (users, dev) = users_of(&args)?;
     let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
     let fresh = HyperNet::init(hyper_config(&args, common.as_ref()), &model, common.as_ref(), args.seed)?;

@@ -3,7 +3,8 @@
 //! hypernetwork files are not needed afterwards.
 use crate::hyper::users::{load_pairs, render_context};
 use crate::hyper::HyperNet;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::checkpoint::Checkpoint;
+use crate::model::llama::DecoderGraph;
 use crate::train::text_encoder::ModelText;
 use anyhow::Context;
 use std::path::PathBuf;
@@ -40,8 +41,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let config_text = std::fs::read_to_string(&config_path).with_context(|| config_path.display().to_string())?;
     let config: crate::hyper::HyperConfig = serde_json::from_str(&config_text).with_context(|| config_path.display().to_string())?;
     let model_path = args.model.unwrap_or_else(|| PathBuf::from(&config.base_model));
-    let model = DecoderGraph::open(&model_path).with_context(|| format!("model {} (pass --model)", model_path.display()))?;
-    let text = ModelText::open(&model_path)?;
+    let ckpt = Checkpoint::open(&model_path).with_context(|| format!("model {} (pass --model)", model_path.display()))?;
+    let model = DecoderGraph::load(ckpt.tensors(), ckpt.config.clone())?;
+    let text = ModelText::of(&ckpt)?;
     let net = HyperNet::load(&args.hypernet, &model)?;
     let pairs = load_pairs(&args.context)?;
     let loaded = start.elapsed().as_secs_f64();

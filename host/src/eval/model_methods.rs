@@ -6,7 +6,7 @@
 //! method (the hypernetwork) only has to say which adapter a user gets.
 //!
 //! Training uses the real engine: [`crate::train::trainer::train`] on the
-//! [`crate::train::decoder_graph::DecoderGraph`], [`crate::optim::mezo::Mezo`]
+//! [`crate::model::llama::DecoderGraph`], [`crate::optim::mezo::Mezo`]
 //! with losses from [`crate::train::grad::evaluate`].
 use super::bench::{mail, quotes, sotu};
 use super::dataset::{ProfileItem, Query, Split, User};

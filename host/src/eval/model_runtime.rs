@@ -12,7 +12,7 @@ use crate::model::checkpoint::Checkpoint;
 use crate::model::source::{RawTensor, TensorSource};
 use crate::model::tokenizer::Tokenizer;
 use crate::projection::{Projection, ProjectionInfo};
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::llama::DecoderGraph;
 use crate::train::graph::Batch;
 use crate::{Error, Result};
 use std::cell::RefCell;

@@ -6,7 +6,7 @@ use super::config::HyperConfig;
 use super::hypernet::HyperNet;
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::train::commit::{read_commit, write_commit_borrowed};
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::llama::DecoderGraph;
 use crate::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -14,7 +14,7 @@
 use crate::autograd::{counter_rng, Tape, Var};
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::llama::DecoderGraph;
 use crate::train::graph::LoraVars;
 use crate::{Error, Result};
 

@@ -13,7 +13,7 @@ use super::hypernet::HyperNet;
 use crate::autograd::Tape;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::llama::DecoderGraph;
 use crate::train::graph::LoraVars;
 use crate::{Error, Result};
 use std::collections::HashMap;

@@ -8,7 +8,7 @@ use super::hypernet::HyperNet;
 use super::users::{sample_user, UserRecord};
 use crate::lora::Adapter;
 use crate::train::data::Encoder;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::llama::DecoderGraph;
 use crate::train::grad::evaluate;
 use crate::train::graph::Batch;
 use crate::Result;

@@ -10,7 +10,7 @@ use crate::lora::tensor_file::TensorFile;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
 use crate::train::atomic_write::write_atomic;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::llama::DecoderGraph;
 use crate::train::graph::TrainableModel;
 use crate::autograd::counter_rng;
 use crate::{Error, Result};

@@ -16,7 +16,7 @@ use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::optim::schedule::{clip_grad_norm, Decay, Schedule};
 use crate::tensor::Tensor;
 use crate::train::data::Encoder;
-use crate::train::decoder_graph::DecoderGraph;
+use crate::model::llama::DecoderGraph;
 use crate::train::graph::TrainableModel;
 use crate::train::learner::{open_state, Learner, RunOptions};
 use crate::train::trainer::example_index;

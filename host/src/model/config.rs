@@ -4,7 +4,7 @@
 //! (biases, other rope types, other activations) are `Unsupported`, never
 //! silently ignored.
 use crate::model::gguf::Gguf;
-use crate::model::gguf_qwen35::TextShape;
+use crate::model::qwen35::gguf::TextShape;
 use crate::model::source::TensorSource;
 use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::{Error, Result};

@@ -14,7 +14,7 @@ use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::cpu_projection::CpuProjection;
 use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::llama::{read_vector, Attention, KvCache, Mlp};
+use crate::model::blocks::{read_vector, Attention, KvCache, Mlp};
 use crate::model::qwen35::{GatedDeltaNet, GdnState, GdnWeights};
 use crate::model::source::{RawTensor, TensorSource};
 use crate::ops::embedding::embedding_forward;

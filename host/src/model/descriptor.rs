@@ -1,36 +1,14 @@
 //! One declarative description per architecture: which frozen projections a
 //! model has (name, shape, kind), which other checkpoint tensors it reads,
-//! the non-projection ops each layer runs, and the default precision of each
-//! projection kind. Models are built from it, the loader checks a checkpoint
-//! against it, and the NPU planner and LoRA targeting read it.
+//! and the non-projection ops each layer runs. The inference decoder and
+//! the training graphs are built from it, and the loader checks a
+//! checkpoint against it; the NPU's precision per projection kind is
+//! [`crate::npu::PrecisionPolicy`]'s.
 use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::source::TensorSource;
 use crate::ops::rmsnorm::NormWeight;
 use crate::projection::{ProjectionInfo, ProjectionKind};
 use crate::{Error, Result};
-
-/// Storage precision of a frozen projection weight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// IEEE f32 (the CPU reference).
-    F32,
-    /// IEEE f16.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// Q8_0 blocks (the NPU's quantized path).
-    Q8,
-}
-
-/// Default NPU precision per projection kind (mission design): recurrent
-/// projections stay FP16 because the state carries quantization error into
-/// later tokens; attention and MLP projections go Q8.
-pub fn default_precision(kind: ProjectionKind) -> Precision {
-    match kind {
-        ProjectionKind::Recurrent => Precision::F16,
-        ProjectionKind::Attention | ProjectionKind::Mlp => Precision::Q8,
-    }
-}
 
 /// A non-projection op of a layer, in execution order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,7 +252,9 @@ mod tests {
         assert_eq!(q.out_features, 2 * 4 * 2, "query and gate");
         assert_eq!(d.layers[1].ops[..3], [Op::RmsNorm(NormWeight::OnePlus), Op::HeadRmsNorm(NormWeight::OnePlus), Op::Rope { rotary_dim: 2 }]);
         assert!(d.tensors().iter().any(|t| t.name == "model.layers.0.linear_attn.conv1d.weight" && t.shape == [16, 1, 4]));
-        assert_eq!(default_precision(qkv.kind), Precision::F16);
-        assert_eq!(default_precision(q.kind), Precision::Q8);
+        // The kinds feed the NPU policy: recurrent FP16, attention Q8_0.
+        let policy = crate::npu::PrecisionPolicy::default();
+        assert_eq!(policy.for_kind(qkv.kind), crate::npu::Precision::F16);
+        assert_eq!(policy.for_kind(q.kind), crate::npu::Precision::Q8_0);
     }
 }

@@ -19,7 +19,7 @@
 //! Hugging Face counterpart (e.g. `rope_freqs.weight`) keep their GGUF name.
 //! For `qwen35` files the converter's other rewrites (value-head order,
 //! `A_log`, norm offsets, conv shape) are undone too, see
-//! [`crate::model::gguf_qwen35`]. Files of architecture `qwen3next` open
+//! [`crate::model::qwen35::gguf`]. Files of architecture `qwen3next` open
 //! (metadata and tokenizer are readable) but their tensors are refused.
 //!
 //! ```no_run
@@ -30,7 +30,7 @@
 //! let wq = g.get("model.layers.0.self_attn.q_proj.weight")?.to_f32()?;
 //! # Ok::<(), hexlora::Error>(())
 //! ```
-use crate::model::gguf_qwen35::{self as qwen35, Rewritten, Undo};
+use crate::model::qwen35::gguf::{self as qwen35, Rewritten, Undo};
 use crate::model::source::{DType, RawTensor, TensorSource};
 use crate::{Error, Result};
 use memmap2::Mmap;

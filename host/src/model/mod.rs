@@ -1,5 +1,7 @@
 //! Model files, tokenizer and architectures.
+pub mod arch;
 pub mod assistant;
+pub mod blocks;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
@@ -8,7 +10,6 @@ pub mod decoder;
 pub mod descriptor;
 pub mod generate;
 pub mod gguf;
-pub mod gguf_qwen35;
 pub mod gguf_writer;
 pub mod hf_dir;
 pub mod llama;

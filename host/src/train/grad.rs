@@ -1,6 +1,6 @@
 //! One forward + backward of a batch with an adapter attached, no optimizer:
 //! what `hexlora grad` writes and what the PyTorch fixtures check.
-use super::decoder_graph::lora_params;
+use super::graph::lora_params;
 use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::autograd::Tape;
 use crate::lora::peft::peft_key;

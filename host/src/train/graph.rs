@@ -4,10 +4,11 @@
 //! `hexlora grad` and the hypernetwork only talk to this trait.
 use crate::autograd::{Tape, Var};
 use crate::lora::branch::Dropout;
-use crate::projection::ProjectionInfo;
+use crate::projection::{Projection, ProjectionInfo};
 use crate::autograd::counter_rng;
 use crate::Result;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Token sequences of equal length with aligned labels, Hugging Face style:
 /// `labels[b][t]` is the token expected at position `t` (the shift to "next
@@ -83,6 +84,19 @@ pub struct GraphOptions {
     pub unfused_lora: bool,
 }
 
+impl GraphOptions {
+    /// What the summed token loss of `targets` is divided by:
+    /// `loss_denominator`, or the count of real (non-negative) targets.
+    pub fn denominator(&self, targets: &[i64]) -> f32 {
+        self.loss_denominator.unwrap_or(targets.iter().filter(|&&t| t >= 0).count().max(1) as f32)
+    }
+}
+
+/// The [`ProjectionInfo`] of every projection of `layers`, in model order.
+pub fn projection_infos<'a>(layers: impl IntoIterator<Item = &'a [Arc<dyn Projection>]>) -> Vec<ProjectionInfo> {
+    layers.into_iter().flat_map(|l| l.iter().map(|p| p.info().clone())).collect()
+}
+
 /// A model the training engine can differentiate.
 pub trait TrainableModel: Send + Sync {
     /// Every frozen projection, in model order (LoRA targets come from here).
@@ -110,4 +124,16 @@ mod tests {
         let ragged = Batch { input_ids: vec![vec![1, 2], vec![3]], labels: vec![vec![1, 2], vec![3]] };
         assert!(ragged.dims().is_err());
     }
+}
+
+/// Attaches `modules` (name, A, B) as parameters on `tape`.
+pub fn lora_params(tape: &mut Tape, modules: &[crate::lora::LoraModule]) -> (HashMap<String, (Var, Var)>, Vec<(Var, Var)>) {
+    let mut map = HashMap::new();
+    let mut order = Vec::new();
+    for m in modules {
+        let pair = (tape.param(m.a.clone()), tape.param(m.b.clone()));
+        map.insert(m.name.clone(), pair);
+        order.push(pair);
+    }
+    (map, order)
 }

@@ -1,5 +1,7 @@
-//! Training: the model-facing graph contract ([`graph`]), the loop
-//! ([`trainer`]), activation budget ([`budget`]), commits and resume
+//! Training: the model-facing graph contract ([`graph`]; each
+//! architecture's graph lives in its folder of [`crate::model`]), the one
+//! loop ([`learner`]) and the steps it drives (AdamW in [`trainer`], MeZO
+//! in [`mezo_loop`]), activation budget ([`budget`]), commits and resume
 //! ([`commit`], [`atomic_write`]) and run outputs ([`metrics`]).
 pub mod atomic_write;
 pub mod budget;
@@ -7,8 +9,6 @@ pub mod commit;
 pub mod graph;
 pub mod learner;
 pub mod metrics;
-pub mod decoder_graph;
-pub mod qwen35_graph;
 pub mod mezo_loop;
 pub mod grad;
 pub mod data;
@@ -20,8 +20,7 @@ use crate::model::cpu_projection::FrozenDtype;
 use crate::model::decoder::ProjectionFactory;
 
 /// Opens a GGUF file or a Hugging Face directory as the training graph of
-/// its architecture (Qwen3.5 gets [`qwen35_graph::Qwen35Graph`], Llama and
-/// Qwen3 [`decoder_graph::DecoderGraph`]), with CPU projections.
+/// its architecture ([`crate::model::arch::of`]), with CPU projections.
 pub fn open_trainable(path: &std::path::Path) -> crate::Result<Box<dyn graph::TrainableModel>> {
     open_trainable_dtype(path, FrozenDtype::F32)
 }
@@ -39,17 +38,11 @@ pub fn trainable(ckpt: &Checkpoint, dtype: FrozenDtype, unfused: bool) -> crate:
     trainable_with(ckpt, &crate::model::cpu_projection::factory(dtype), dtype, unfused)
 }
 
-/// The one place that picks a training graph by architecture, for
-/// directories and GGUF alike: `make` builds every per-layer frozen
+/// The training graph of `ckpt`'s architecture ([`crate::model::arch`]),
+/// for directories and GGUF alike: `make` builds every per-layer frozen
 /// projection (CPU, or routed to the NPU by the split runtime), `tables`
 /// is the precision of Llama/Qwen3's embeddings and head (Qwen3.5 keeps
 /// them in f32 and has no unfused mode).
 pub fn trainable_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>, tables: FrozenDtype, unfused: bool) -> crate::Result<Box<dyn graph::TrainableModel>> {
-    let cfg = ckpt.config.clone();
-    if cfg.arch == crate::model::config::Arch::Qwen35 {
-        return Ok(Box::new(qwen35_graph::Qwen35Graph::load_with(ckpt.tensors(), cfg, make)?));
-    }
-    let mut model = decoder_graph::DecoderGraph::load_frozen(ckpt.tensors(), cfg, make, tables)?;
-    model.set_unfused_lora(unfused);
-    Ok(Box::new(model))
+    crate::model::arch::of(&ckpt.config).training_graph(ckpt, make, tables, unfused)
 }

@@ -5,7 +5,7 @@
 //! exactly where the killed one committed.
 use super::budget;
 use super::commit::{StepRecord, TrainState};
-use super::decoder_graph::lora_params;
+use super::graph::lora_params;
 use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use super::learner::{self, Learner};
 use crate::autograd::{counter_rng, Tape};

@@ -1,4 +1,4 @@
-//! The Llama-family blocks: grouped-query attention with RoPE (Llama;
+//! The blocks every architecture is built from: grouped-query attention with RoPE (Llama;
 //! Qwen3 adds per-head q/k RMSNorm; Qwen3.5's full-attention layers add an
 //! output gate emitted by q_proj and rotate only part of each head) and the
 //! SwiGLU MLP. Frozen weights are only reached through [`Projection`]s.

@@ -12,7 +12,7 @@
 //!
 //! Frozen weights are only reached through [`Projection`]s, which callers may
 //! swap (the split runtime routes them to the NPU).
-use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::train::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
 use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
@@ -28,7 +28,6 @@ use crate::ops::rope::rope_inv_freq;
 use crate::projection::{Projection, ProjectionInfo, ProjectionKind};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Frozen parts of one layer.
@@ -308,7 +307,7 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
 
 impl TrainableModel for DecoderGraph {
     fn projections(&self) -> Vec<ProjectionInfo> {
-        self.shared.layers.iter().flat_map(|l| l.proj.iter().map(|p| p.info().clone())).collect()
+        projection_infos(self.shared.layers.iter().map(|l| &l.proj[..]))
     }
 
     fn layer_count(&self) -> usize {
@@ -326,22 +325,10 @@ impl TrainableModel for DecoderGraph {
         batch.dims()?;
         let h = self.layers_and_norm(tape, &batch.input_ids, lora, &opts.recompute_layers, true, opts.unfused_lora || self.unfused_lora)?;
         let targets = batch.targets();
-        let denom = opts.loss_denominator.unwrap_or(targets.iter().filter(|&&t| t >= 0).count().max(1) as f32);
+        let denom = opts.denominator(&targets);
         let chunk = if opts.head_chunk == 0 { 256 } else { opts.head_chunk };
         tape.head_loss_sliced(h, &self.head_slices, &targets, denom, chunk, logits)
     }
-}
-
-/// Attaches `modules` (name, A, B) as parameters on `tape`.
-pub fn lora_params(tape: &mut Tape, modules: &[crate::lora::LoraModule]) -> (HashMap<String, (Var, Var)>, Vec<(Var, Var)>) {
-    let mut map = HashMap::new();
-    let mut order = Vec::new();
-    for m in modules {
-        let pair = (tape.param(m.a.clone()), tape.param(m.b.clone()));
-        map.insert(m.name.clone(), pair);
-        order.push(pair);
-    }
-    (map, order)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! Frozen projections are built by a [`ProjectionFactory`] (kind
 //! `Recurrent` for the GDN ones, from the descriptor), so the split runtime
 //! can route them to the NPU with FP16 weights.
-use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::train::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::autograd::gdn_node::GdnWeights;
 use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
 use crate::model::config::{Arch, LayerKind, ModelConfig};
@@ -193,7 +193,7 @@ impl SegmentCtx {
 
 impl TrainableModel for Qwen35Graph {
     fn projections(&self) -> Vec<ProjectionInfo> {
-        self.shared.layers.iter().flat_map(|l| l.proj.iter().map(|p| p.info().clone())).collect()
+        projection_infos(self.shared.layers.iter().map(|l| &l.proj[..]))
     }
 
     fn layer_count(&self) -> usize {
@@ -233,7 +233,7 @@ impl TrainableModel for Qwen35Graph {
         }
         let h = tape.rms_norm(x, &self.final_norm, NormWeight::OnePlus, cfg.rms_norm_eps)?;
         let targets = batch.targets();
-        let denom = opts.loss_denominator.unwrap_or(targets.iter().filter(|&&t| t >= 0).count().max(1) as f32);
+        let denom = opts.denominator(&targets);
         let chunk = if opts.head_chunk == 0 { 64 } else { opts.head_chunk };
         tape.head_loss(h, &self.head, &targets, denom, chunk, logits)
     }

@@ -1,9 +1,9 @@
 //! Qwen3.5's Gated DeltaNet block (transformers' `Qwen3_5GatedDeltaNet`).
-//! Its full-attention layers are [`crate::model::llama::Attention`] with
+//! Its full-attention layers are [`crate::model::blocks::Attention`] with
 //! `gated = true`, (1 + w) q/k norms and partial rotary; the decoder that
 //! interleaves both is [`crate::model::decoder::Model`].
 use crate::model::config::GdnConfig;
-use crate::model::llama::project;
+use crate::model::blocks::project;
 use crate::ops::activation::silu_forward;
 use crate::ops::gdn::{
     conv1d_causal_forward, conv1d_next_history, delta_rule_forward, gated_rmsnorm_forward, gdn_gates_forward,

@@ -1,0 +1,28 @@
+//! Llama and Qwen3 (attention decoders; Qwen3 adds per-head q/k RMSNorm):
+//! the training graph ([`graph::DecoderGraph`]). Inference runs in the
+//! shared [`crate::model::decoder::Model`] over [`crate::model::blocks`].
+pub mod graph;
+
+pub use graph::DecoderGraph;
+
+use super::arch::Architecture;
+use super::checkpoint::Checkpoint;
+use super::cpu_projection::FrozenDtype;
+use super::decoder::ProjectionFactory;
+use crate::train::graph::TrainableModel;
+use crate::Result;
+
+/// The Llama family.
+pub struct Llama;
+
+impl Architecture for Llama {
+    fn name(&self) -> &'static str {
+        "Llama/Qwen3"
+    }
+
+    fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, tables: FrozenDtype, unfused: bool) -> Result<Box<dyn TrainableModel>> {
+        let mut model = DecoderGraph::load_frozen(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
+        model.set_unfused_lora(unfused);
+        Ok(Box::new(model))
+    }
+}

@@ -1,0 +1,32 @@
+//! Qwen3.5: Gated DeltaNet layers ([`gdn`]) interleaved with gated
+//! full-attention layers, its GGUF rewrites ([`gguf`]) and its training
+//! graph ([`graph::Qwen35Graph`]). Inference runs in the shared
+//! [`crate::model::decoder::Model`].
+pub mod gdn;
+pub mod gguf;
+pub mod graph;
+
+pub use gdn::{GatedDeltaNet, GdnState, GdnWeights, L2NORM_EPS};
+pub use graph::Qwen35Graph;
+
+use super::arch::Architecture;
+use super::checkpoint::Checkpoint;
+use super::cpu_projection::FrozenDtype;
+use super::decoder::ProjectionFactory;
+use crate::train::graph::TrainableModel;
+use crate::Result;
+
+/// Qwen3.5.
+pub struct Qwen35;
+
+impl Architecture for Qwen35 {
+    fn name(&self) -> &'static str {
+        "Qwen3.5"
+    }
+
+    /// Embeddings and head stay f32 whatever `tables` says; there is no
+    /// unfused mode.
+    fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, _tables: FrozenDtype, _unfused: bool) -> Result<Box<dyn TrainableModel>> {
+        Ok(Box::new(Qwen35Graph::load_with(ckpt.tensors(), ckpt.config.clone(), make)?))
+    }
+}
