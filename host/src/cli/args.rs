@@ -6,6 +6,10 @@ use crate::npu::TransportKind;
 use crate::optim::adamw::AdamWConfig;
 use crate::optim::schedule::{Decay, Schedule};
 use crate::train::trainer::TrainConfig;
+use crate::hyper::{HeadVariant, WeightsDtype};
+use crate::lora::gguf_adapter::OutType;
+use crate::model::cpu_projection::FrozenDtype;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use std::path::{Path, PathBuf};
 
 /// What every LoRA training command takes: model and data, adapter,
@@ -96,7 +100,7 @@ pub struct OptimArgs {
     #[arg(long, default_value_t = 0)]
     pub warmup: u64,
     /// Decay after warm-up.
-    #[arg(long, value_enum, default_value_t = Decay::Cosine)]
+    #[arg(long, value_parser = choices(DECAYS), default_value = "cosine")]
     pub schedule: Decay,
     /// AdamW (and MeZO) weight decay [default: train 0, personalize 0.01].
     #[arg(long)]
@@ -178,3 +182,50 @@ impl Device {
         }
     }
 }
+
+/// One value of a library enum on the command line: its name and the help
+/// line clap shows for it.
+pub struct Choice<T: 'static> {
+    name: &'static str,
+    value: T,
+    help: &'static str,
+}
+
+/// clap's parser for a library enum from its table of [`Choice`]s, so the
+/// library's types carry no clap derive.
+pub fn choices<T: Clone + Send + Sync + 'static>(table: &'static [Choice<T>]) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(table.iter().map(|c| PossibleValue::new(c.name).help(c.help)))
+        .map(move |s| table.iter().find(|c| c.name == s).expect("clap accepts only the table's names").value.clone())
+}
+
+/// `--schedule`.
+pub const DECAYS: &[Choice<Decay>] = &[
+    Choice { name: "cosine", value: Decay::Cosine, help: "half a cosine down to 0 at the last step" },
+    Choice { name: "linear", value: Decay::Linear, help: "straight line down to 0 at the last step" },
+    Choice { name: "constant", value: Decay::Constant, help: "stay at the base rate" },
+];
+
+/// `--frozen-dtype`.
+pub const FROZEN_DTYPES: &[Choice<FrozenDtype>] = &[
+    Choice { name: "f32", value: FrozenDtype::F32, help: "dense f32: exactly the effective weight" },
+    Choice { name: "bf16", value: FrozenDtype::Bf16, help: "half the memory; activations rounded to bf16 per product, sums in f32" },
+];
+
+/// `--outtype` of `export-gguf`.
+pub const OUT_TYPES: &[Choice<OutType>] = &[
+    Choice { name: "f32", value: OutType::F32, help: "exact" },
+    Choice { name: "f16", value: OutType::F16, help: "IEEE half, round to nearest even" },
+    Choice { name: "q8_0", value: OutType::Q8_0, help: "Q8_0 where a factor's rows are a multiple of 32 wide, F16 otherwise" },
+];
+
+/// `--variant` of `hypertrain`.
+pub const HEAD_VARIANTS: &[Choice<HeadVariant>] = &[
+    Choice { name: "parallel", value: HeadVariant::Parallel, help: "one 2-layer bottleneck MLP per (layer, module, A or B)" },
+    Choice { name: "shared-trunk", value: HeadVariant::SharedTrunk, help: "one shared first layer plus layer and module-type embeddings" },
+];
+
+/// `--weights-dtype` of `hypertrain`.
+pub const WEIGHTS_DTYPES: &[Choice<WeightsDtype>] = &[
+    Choice { name: "f32", value: WeightsDtype::F32, help: "exact" },
+    Choice { name: "f16", value: WeightsDtype::F16, help: "half the size" },
+];

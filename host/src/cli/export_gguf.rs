@@ -1,5 +1,6 @@
 //! `hexlora export-gguf`: a PEFT adapter (or a GGUF one, re-encoded) as a
 //! llama.cpp LoRA adapter file for the given base model.
+use super::args::{choices, OUT_TYPES};
 use crate::lora::gguf_adapter::{export, OutType};
 use crate::lora::Adapter;
 use crate::model::checkpoint::Checkpoint;
@@ -21,7 +22,7 @@ pub struct Args {
     out: PathBuf,
     /// Storage of the factors; q8_0 falls back to f16 for factors whose
     /// rows are not a multiple of 32 wide (`lora_b` at r = 16).
-    #[arg(long, value_enum, default_value_t = OutType::F32)]
+    #[arg(long, value_parser = choices(OUT_TYPES), default_value = "f32")]
     outtype: OutType,
 }
 

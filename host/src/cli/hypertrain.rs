@@ -3,7 +3,7 @@
 //! commits after every step and `--resume`.
 use crate::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
 use crate::train::learner::AfterStep;
-use super::args::module_names;
+use super::args::{choices, module_names, HEAD_VARIANTS, WEIGHTS_DTYPES};
 use crate::eval::lamp::read_lamp_dir;
 use crate::hyper::commit::HyperState;
 use crate::hyper::heldout::HeldOutSet;
@@ -96,7 +96,7 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     bottleneck: usize,
     /// Parallel heads or the shared trunk.
-    #[arg(long, value_enum, default_value_t = HeadVariant::Parallel)]
+    #[arg(long, value_parser = choices(HEAD_VARIANTS), default_value = "parallel")]
     variant: HeadVariant,
     /// Modules of the generated LoRA, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj")]
@@ -118,7 +118,7 @@ pub struct Args {
     commit_every: u64,
     /// Store the final hypernet/ weights as f16 (half the size; synthesis
     /// changes within the bound tested in tests/hyper_weights_dtype.rs).
-    #[arg(long, value_enum, default_value_t = WeightsDtype::F32)]
+    #[arg(long, value_parser = choices(WEIGHTS_DTYPES), default_value = "f32")]
     weights_dtype: WeightsDtype,
     /// No progress bar.
     #[arg(long)]

@@ -1,6 +1,6 @@
 //! `hexlora train`: LoRA fine-tuning from JSONL into a PEFT adapter, with
 //! commits after every optimizer step and `--resume`.
-use super::args::{OptimDefaults, TrainingArgs};
+use super::args::{choices, OptimDefaults, TrainingArgs, FROZEN_DTYPES};
 use crate::lora::{Adapter, LoraConfig};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::cpu_projection::FrozenDtype;
@@ -60,7 +60,7 @@ pub struct Args {
     /// bf16 per product, and attention's products too, sums and everything
     /// trainable in f32); f32 computes with exactly the checkpoint's
     /// effective weight.
-    #[arg(long, value_enum, default_value_t = FrozenDtype::Bf16)]
+    #[arg(long, value_parser = choices(FROZEN_DTYPES), default_value = "bf16")]
     frozen_dtype: FrozenDtype,
 }
 

@@ -22,7 +22,7 @@ pub const CONFIG_FILE: &str = "hypernet.json";
 pub const WEIGHTS_FILE: &str = "hypernet.safetensors";
 
 /// How `hypernet.safetensors` stores the weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightsDtype {
     /// Exact.
     F32,

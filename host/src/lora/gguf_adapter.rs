@@ -28,7 +28,7 @@ use hexlora_proto::q8_0::{quantize_row, BlockQ8_0, QK8_0};
 use std::path::Path;
 
 /// Storage type of the exported factors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutType {
     /// Exact.
     F32,
@@ -36,7 +36,6 @@ pub enum OutType {
     F16,
     /// Q8_0 where a factor's rows are a multiple of 32 wide (`lora_a`,
     /// and `lora_b` when r is), F16 otherwise.
-    #[value(name = "q8_0")]
     Q8_0,
 }
 

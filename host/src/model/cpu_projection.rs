@@ -197,7 +197,7 @@ pub fn f32_products_name() -> &'static str {
 }
 
 /// Precision in which the CPU holds frozen weights.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FrozenDtype {
     /// Dense f32: exactly the effective weight (the PyTorch fixtures' setting).
     #[default]

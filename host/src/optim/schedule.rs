@@ -3,7 +3,7 @@
 use crate::tensor::Tensor;
 
 /// Shape of the decay after warm-up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Decay {
     /// Half a cosine down to 0 at the last step.
     Cosine,
