@@ -116,7 +116,7 @@ fn open(arch: &str, make: &ProjectionFactory<'_>) -> Box<dyn TrainableModel> {
     if cfg.arch == Arch::Qwen35 {
         Box::new(hexlora::model::qwen35::Qwen35Graph::load_with(&dir, cfg, make).unwrap())
     } else {
-        Box::new(hexlora::model::llama::DecoderGraph::load_with(&dir, cfg, make).unwrap())
+        Box::new(hexlora::model::llama::DecoderGraph::load_with(&dir, cfg, make, hexlora::model::cpu_projection::FrozenDtype::F32).unwrap())
     }
 }
 

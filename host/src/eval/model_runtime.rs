@@ -52,7 +52,7 @@ impl EvalModel {
             shared.borrow_mut().insert(info.name, p.clone());
             Ok(p)
         };
-        let graph = DecoderGraph::load_with(src, cfg.clone(), &get)?;
+        let graph = DecoderGraph::load_with(src, cfg.clone(), &get, crate::model::cpu_projection::FrozenDtype::F32)?;
         let slots = RefCell::new(AdapterSlots::default());
         let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(get(info, raw)?));
         let model = Model::load(cfg, src, &wrap)?;

@@ -22,13 +22,7 @@ use crate::model::decoder::ProjectionFactory;
 /// Opens a GGUF file or a Hugging Face directory as the training graph of
 /// its architecture ([`crate::model::arch::of`]), with CPU projections.
 pub fn open_trainable(path: &std::path::Path) -> crate::Result<Box<dyn graph::TrainableModel>> {
-    open_trainable_dtype(path, FrozenDtype::F32)
-}
-
-/// [`open_trainable`] with frozen weights held in `dtype` (Qwen3.5's
-/// projections; its embeddings and head stay f32).
-pub fn open_trainable_dtype(path: &std::path::Path, dtype: FrozenDtype) -> crate::Result<Box<dyn graph::TrainableModel>> {
-    trainable(&Checkpoint::open(path)?, dtype, false)
+    trainable(&Checkpoint::open(path)?, FrozenDtype::F32, false)
 }
 
 /// The training graph of `ckpt`'s architecture, frozen weights in `dtype`;

@@ -121,26 +121,16 @@ fn head_window(table: &EmbedTable, info: ProjectionInfo, first: usize) -> Result
 
 impl DecoderGraph {
     /// Loads every tensor of `cfg`'s architecture from `src` with CPU f32
-    /// projections. Qwen3.5 (Gated DeltaNet) is not wired into training yet.
+    /// projections. Qwen3.5 (Gated DeltaNet) has its own graph.
     pub fn load(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Self> {
-        Self::load_dtype(src, cfg, FrozenDtype::F32)
+        Self::load_with(src, cfg, &crate::model::cpu_projection::factory(FrozenDtype::F32), FrozenDtype::F32)
     }
 
-    /// Like [`DecoderGraph::load`] with every frozen weight (projections,
-    /// embeddings, vocabulary head) held in `dtype`.
-    pub fn load_dtype(src: &dyn TensorSource, cfg: ModelConfig, dtype: FrozenDtype) -> Result<Self> {
-        Self::load_frozen(src, cfg, &crate::model::cpu_projection::factory(dtype), dtype)
-    }
-
-    /// Like [`DecoderGraph::load`], with `make` building every per-layer
-    /// frozen projection (the split runtime passes one that routes to the
-    /// NPU service). The vocabulary head stays on the CPU in f32.
-    pub fn load_with(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>) -> Result<Self> {
-        Self::load_frozen(src, cfg, make, FrozenDtype::F32)
-    }
-
-    /// `make` builds the per-layer projections; embeddings and head are held in `table_dtype`.
-    pub(crate) fn load_frozen(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>, table_dtype: FrozenDtype) -> Result<Self> {
+    /// `make` builds every per-layer frozen projection (CPU in some dtype,
+    /// or routed to the NPU service by the split runtime); embeddings and
+    /// the vocabulary head are held in `tables`, which also picks
+    /// attention's products (bf16 tables: bf16 operands).
+    pub fn load_with(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>, tables: FrozenDtype) -> Result<Self> {
         if cfg.arch == Arch::Qwen35 || cfg.layer_types.iter().any(|k| *k != LayerKind::FullAttention) {
             return Err(Error::Unsupported("training Qwen3.5 (Gated DeltaNet layers) is not implemented yet".into()));
         }
@@ -162,7 +152,7 @@ impl DecoderGraph {
                 qk_norm,
             });
         }
-        let embed = match table_dtype {
+        let embed = match tables {
             FrozenDtype::F32 => EmbedTable::F32(f32_tensor(src, &desc.embed.name)?),
             FrozenDtype::Bf16 => {
                 let e = src.get(&desc.embed.name)?.to_f32()?;
@@ -178,7 +168,7 @@ impl DecoderGraph {
             .collect::<Result<_>>()?;
         let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
         let final_norm = f32_tensor(src, &desc.final_norm.name)?;
-        let attention = match table_dtype {
+        let attention = match tables {
             FrozenDtype::F32 => Products::F32,
             FrozenDtype::Bf16 => Products::Bf16,
         };
@@ -187,13 +177,8 @@ impl DecoderGraph {
 
     /// Opens a GGUF file or a Hugging Face directory (CPU projections, f32).
     pub fn open(path: &std::path::Path) -> Result<Self> {
-        Self::open_dtype(path, FrozenDtype::F32)
-    }
-
-    /// [`DecoderGraph::open`] with frozen weights held in `dtype`.
-    pub fn open_dtype(path: &std::path::Path, dtype: FrozenDtype) -> Result<Self> {
         let ckpt = crate::model::checkpoint::Checkpoint::open(path)?;
-        Self::load_dtype(ckpt.tensors(), ckpt.config.clone(), dtype)
+        Self::load(ckpt.tensors(), ckpt.config.clone())
     }
 
     /// The model configuration.
@@ -381,7 +366,7 @@ mod tests {
         let src = HfDir::open(&dir.join("model")).unwrap();
         let cfg = ModelConfig::from_hf_json(src.config()).unwrap();
         let f32_model = DecoderGraph::load(&src, cfg.clone()).unwrap();
-        let bf16_model = DecoderGraph::load_dtype(&src, cfg, FrozenDtype::Bf16).unwrap();
+        let bf16_model = DecoderGraph::load_with(&src, cfg, &crate::model::cpu_projection::factory(FrozenDtype::Bf16), FrozenDtype::Bf16).unwrap();
         let adapter = Adapter::load(&dir.join("adapter")).unwrap();
         let batch: Batch = serde_json::from_str(&std::fs::read_to_string(dir.join("batch.json")).unwrap()).unwrap();
         let full = compute_grads(&f32_model, &adapter, &batch, &GraphOptions::default(), false).unwrap();

@@ -21,7 +21,7 @@ impl Architecture for Llama {
     }
 
     fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, tables: FrozenDtype, unfused: bool) -> Result<Box<dyn TrainableModel>> {
-        let mut model = DecoderGraph::load_frozen(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
+        let mut model = DecoderGraph::load_with(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
         model.set_unfused_lora(unfused);
         Ok(Box::new(model))
     }
