@@ -46,7 +46,7 @@ fn info() -> ProjectionInfo {
 fn effective(w: &[f32], p: Precision) -> Vec<f64> {
     use hexlora_proto::q8_0::{dequantize_block, quantize_row, BlockQ8_0, QK8_0};
     match p {
-        Precision::F16 => w.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect(),
+        Precision::Fp16 => w.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect(),
         Precision::Q8_0 => w
             .chunks_exact(IN)
             .flat_map(|row| {
@@ -120,7 +120,7 @@ fn sim_service() -> Option<PathBuf> {
 fn run_all(client: &Arc<NpuClient>) -> Vec<Vec<f32>> {
     let w = weight();
     let mut outs = Vec::new();
-    for p in [Precision::F16, Precision::Q8_0] {
+    for p in [Precision::Fp16, Precision::Q8_0] {
         let proj = client.load_weight(info(), &raw(&w), p).unwrap();
         let eff = effective(&w, p);
         for (dir, n_in, n_out) in [(Direction::Forward, IN, OUT), (Direction::InputGrad, OUT, IN)] {
@@ -155,7 +155,7 @@ fn simulator_matches_f64_and_the_native_firmware_bit_for_bit() {
 fn resident_bytes_counters_and_overlapped_side_work() {
     let client = NpuClient::connect(TransportKind::SharedMemory, &options()).unwrap();
     let w = weight();
-    let p16 = client.load_weight(info(), &raw(&w), Precision::F16).unwrap();
+    let p16 = client.load_weight(info(), &raw(&w), Precision::Fp16).unwrap();
     let _p8 = client.load_weight(info(), &raw(&w), Precision::Q8_0).unwrap();
     let r = client.resident_bytes();
     assert_eq!((r.f16, r.q8_0), ((OUT * IN * 2) as u64, (OUT * IN / 32 * 34) as u64));
@@ -180,7 +180,7 @@ fn resident_bytes_counters_and_overlapped_side_work() {
 fn bad_inputs_get_clear_errors() {
     let client = NpuClient::connect(TransportKind::InProcess, &options()).unwrap();
     let w = weight();
-    let p = client.load_weight(info(), &raw(&w), Precision::F16).unwrap();
+    let p = client.load_weight(info(), &raw(&w), Precision::Fp16).unwrap();
     let mut x = input(IN, 0);
     x[IN + 3] = f32::NAN;
     let mut y = vec![0.0; TOKENS * OUT];
@@ -196,7 +196,7 @@ fn bad_inputs_get_clear_errors() {
     assert!(matches!(&e, Error::NpuNoSupport(m) if m.contains("divisible by 32")), "{e}");
     // Activations beyond the shared input buffer are refused, not truncated.
     let small = NpuClient::connect(TransportKind::InProcess, &NpuOptions { activation_bytes: 4096, ..options() }).unwrap();
-    let p = small.load_weight(info(), &raw(&w), Precision::F16).unwrap();
+    let p = small.load_weight(info(), &raw(&w), Precision::Fp16).unwrap();
     let big = vec![0.5; 100 * IN];
     let e = p.apply(Direction::Forward, &big, 100, &mut vec![0.0; 100 * OUT]).unwrap_err();
     assert!(e.to_string().contains("activation") || e.to_string().contains("buffer"), "{e}");
@@ -249,7 +249,7 @@ fn simulator_service_hung_is_detected_by_timeout() {
     let Some(service) = sim_service() else { return };
     let client = NpuClient::connect(TransportKind::Simulator, &sim_options(service)).unwrap();
     let w = weight();
-    let p = client.load_weight(info(), &raw(&w), Precision::F16).unwrap();
+    let p = client.load_weight(info(), &raw(&w), Precision::Fp16).unwrap();
     let x = input(OUT, 4);
     let mut want = vec![0.0; TOKENS * IN];
     p.apply(Direction::InputGrad, &x, TOKENS, &mut want).unwrap();
@@ -272,7 +272,7 @@ fn simulator_that_cannot_restart_gives_a_clear_error() {
     let copy = dir.path().join("sim_service");
     std::fs::copy(&service, &copy).unwrap();
     let client = NpuClient::connect(TransportKind::Simulator, &sim_options(copy.clone())).unwrap();
-    let p = client.load_weight(info(), &raw(&weight()), Precision::F16).unwrap();
+    let p = client.load_weight(info(), &raw(&weight()), Precision::Fp16).unwrap();
     std::fs::remove_file(&copy).unwrap();
     kill(client.service_pid().unwrap(), "-KILL");
     let x = input(IN, 0);
@@ -290,7 +290,7 @@ fn fixture_shapes_match_f64_in_both_directions() {
         let w: Vec<f32> = (0..out * inn).map(|i| (((i * 7919) % 211) as f32 - 105.0) / 970.0).collect();
         let raw = RawTensor { name: "w".into(), dtype: DType::F32, shape: vec![out, inn], bytes: bytemuck_bytes(&w) };
         let info = ProjectionInfo { name: format!("w{out}x{inn}"), kind: ProjectionKind::Attention, out_features: out, in_features: inn };
-        let p = client.load_weight(info, &raw, Precision::F16).unwrap();
+        let p = client.load_weight(info, &raw, Precision::Fp16).unwrap();
         let eff: Vec<f64> = w.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect();
         let tokens = 37;
         for (dir, n_in, n_out) in [(Direction::Forward, inn, out), (Direction::InputGrad, out, inn)] {

@@ -121,12 +121,12 @@ fn npu_projection(
             Ok(p) => {
                 let mut r = routes.borrow_mut();
                 *match precision {
-                    Precision::F16 => &mut r.f16,
+                    Precision::Fp16 => &mut r.f16,
                     Precision::Q8_0 => &mut r.q8_0,
                 } += 1;
                 return Ok(p);
             }
-            Err(Error::NpuNoSupport(_)) if precision == Precision::Q8_0 => precision = Precision::F16,
+            Err(Error::NpuNoSupport(_)) if precision == Precision::Q8_0 => precision = Precision::Fp16,
             Err(Error::NpuNoSupport(why)) => {
                 eprintln!("{}: stays on the CPU ({why})", info.name);
                 routes.borrow_mut().cpu += 1;

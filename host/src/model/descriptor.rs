@@ -254,7 +254,7 @@ mod tests {
         assert!(d.tensors().iter().any(|t| t.name == "model.layers.0.linear_attn.conv1d.weight" && t.shape == [16, 1, 4]));
         // The kinds feed the NPU policy: recurrent FP16, attention Q8_0.
         let policy = crate::npu::PrecisionPolicy::default();
-        assert_eq!(policy.for_kind(qkv.kind), crate::npu::Precision::F16);
+        assert_eq!(policy.for_kind(qkv.kind), crate::npu::Precision::Fp16);
         assert_eq!(policy.for_kind(q.kind), crate::npu::Precision::Q8_0);
     }
 }

@@ -185,7 +185,7 @@ impl NpuClient {
         s.transport.region().write(WEIGHTS, offset, &bytes)?;
         let id = s.next_id;
         let weights = BufferRef { buffer: WEIGHTS_BUFFER, offset: offset as u64, len: bytes.len() as u64 };
-        let lw = LoadWeights { projection: id, precision: precision.to_proto(), shape, weights };
+        let lw = LoadWeights { projection: id, precision, shape, weights };
         match self.exchange(&mut s, &Request::LoadWeights(lw), None)? {
             Response::Done(got) if got == id => {}
             other => return Err(response_error(&info.name, other)),
@@ -194,7 +194,7 @@ impl NpuClient {
         s.next_id += 1;
         s.resident.push(lw);
         let counter = match precision {
-            Precision::F16 => &self.counters.f16_bytes,
+            Precision::Fp16 => &self.counters.f16_bytes,
             Precision::Q8_0 => &self.counters.q8_0_bytes,
         };
         counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -403,8 +403,8 @@ fn dim(n: usize, what: &str) -> Result<u32> {
 /// the ggml reference quantizer.
 fn weight_bytes(raw: &RawTensor<'_>, precision: Precision) -> Result<Vec<u8>> {
     match (precision, raw.dtype) {
-        (Precision::F16, DType::F16) | (Precision::Q8_0, DType::Q8_0) => Ok(raw.bytes.to_vec()),
-        (Precision::F16, _) => {
+        (Precision::Fp16, DType::F16) | (Precision::Q8_0, DType::Q8_0) => Ok(raw.bytes.to_vec()),
+        (Precision::Fp16, _) => {
             let w = raw.to_f32()?;
             if let Some(i) = w.iter().position(|v| !v.is_finite() || v.abs() > 65504.0) {
                 return Err(Error::invalid(&raw.name, format!("weight {} = {} is not representable in f16; use q8_0 for it", i, w[i])));

@@ -10,54 +10,15 @@ use crate::{Error, Result};
 use std::fmt;
 use std::str::FromStr;
 
-/// Storage of a resident weight on the NPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// IEEE half precision, 2 bytes per weight.
-    F16,
-    /// GGUF Q8_0: 34 bytes per 32 weights; needs `in_features % 32 == 0`.
-    Q8_0,
-}
+/// Storage of a resident weight on the NPU: the protocol's own type.
+pub use hexlora_proto::protocol::Precision;
 
-impl Precision {
-    /// The protocol's name for it.
-    pub fn to_proto(self) -> hexlora_proto::protocol::Precision {
-        match self {
-            Precision::F16 => hexlora_proto::protocol::Precision::Fp16,
-            Precision::Q8_0 => hexlora_proto::protocol::Precision::Q8_0,
-        }
-    }
-
-    /// Bytes a `[rows, cols]` weight occupies, `None` if Q8_0 cannot hold it
-    /// (`cols` not a multiple of 32).
-    pub fn weight_bytes(self, rows: usize, cols: usize) -> Option<usize> {
-        match self {
-            Precision::F16 => Some(rows * cols * 2),
-            Precision::Q8_0 if cols % hexlora_proto::q8_0::QK8_0 == 0 => {
-                Some(rows * cols / hexlora_proto::q8_0::QK8_0 * hexlora_proto::q8_0::BLOCK_BYTES)
-            }
-            Precision::Q8_0 => None,
-        }
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::F16 => "f16",
-            Precision::Q8_0 => "q8_0",
-        })
-    }
-}
-
-impl FromStr for Precision {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "f16" | "fp16" => Ok(Precision::F16),
-            "q8_0" | "q8" => Ok(Precision::Q8_0),
-            other => Err(Error::invalid("precision", format!("'{other}' (expected f16 or q8_0)"))),
-        }
+/// `f16` (or `fp16`) and `q8_0` (or `q8`), any case.
+pub fn parse_precision(s: &str) -> Result<Precision> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "f16" | "fp16" => Ok(Precision::Fp16),
+        "q8_0" | "q8" => Ok(Precision::Q8_0),
+        other => Err(Error::invalid("precision", format!("'{other}' (expected f16 or q8_0)"))),
     }
 }
 
@@ -75,7 +36,7 @@ pub struct PrecisionPolicy {
 impl Default for PrecisionPolicy {
     /// The mission's policy: recurrent F16, attention and MLP Q8_0.
     fn default() -> Self {
-        PrecisionPolicy { attention: Precision::Q8_0, mlp: Precision::Q8_0, recurrent: Precision::F16 }
+        PrecisionPolicy { attention: Precision::Q8_0, mlp: Precision::Q8_0, recurrent: Precision::Fp16 }
     }
 }
 
@@ -103,14 +64,14 @@ impl PrecisionPolicy {
             return Ok(Self::default());
         }
         if !s.contains('=') {
-            return Ok(Self::uniform(s.parse()?));
+            return Ok(Self::uniform(parse_precision(s)?));
         }
         let mut policy = Self::default();
         for part in s.split(',') {
             let (kind, p) = part
                 .split_once('=')
                 .ok_or_else(|| Error::invalid("precision policy", format!("'{part}' is not kind=precision")))?;
-            let p: Precision = p.parse()?;
+            let p = parse_precision(p)?;
             match kind.trim().to_ascii_lowercase().as_str() {
                 "attention" | "attn" => policy.attention = p,
                 "mlp" => policy.mlp = p,
@@ -147,7 +108,7 @@ mod tests {
     #[test]
     fn default_is_the_missions_policy() {
         let p = PrecisionPolicy::default();
-        assert_eq!(p.for_kind(ProjectionKind::Recurrent), Precision::F16);
+        assert_eq!(p.for_kind(ProjectionKind::Recurrent), Precision::Fp16);
         assert_eq!(p.for_kind(ProjectionKind::Attention), Precision::Q8_0);
         assert_eq!(p.for_kind(ProjectionKind::Mlp), Precision::Q8_0);
     }
@@ -155,9 +116,9 @@ mod tests {
     #[test]
     fn parses_cli_forms_and_round_trips() {
         assert_eq!(PrecisionPolicy::parse("default").unwrap(), PrecisionPolicy::default());
-        assert_eq!(PrecisionPolicy::parse("F16").unwrap(), PrecisionPolicy::uniform(Precision::F16));
+        assert_eq!(PrecisionPolicy::parse("F16").unwrap(), PrecisionPolicy::uniform(Precision::Fp16));
         let p = PrecisionPolicy::parse("attention=f16, recurrent=q8_0").unwrap();
-        assert_eq!((p.attention, p.mlp, p.recurrent), (Precision::F16, Precision::Q8_0, Precision::Q8_0));
+        assert_eq!((p.attention, p.mlp, p.recurrent), (Precision::Fp16, Precision::Q8_0, Precision::Q8_0));
         assert_eq!(PrecisionPolicy::parse(&p.to_string()).unwrap(), p);
         for bad in ["q4", "attention=q4", "conv=f16", "attention"] {
             let e = PrecisionPolicy::parse(bad).unwrap_err().to_string();
@@ -167,7 +128,7 @@ mod tests {
 
     #[test]
     fn weight_bytes_per_precision() {
-        assert_eq!(Precision::F16.weight_bytes(3, 64), Some(384));
+        assert_eq!(Precision::Fp16.weight_bytes(3, 64), Some(384));
         assert_eq!(Precision::Q8_0.weight_bytes(3, 64), Some(3 * 2 * 34));
         assert_eq!(Precision::Q8_0.weight_bytes(3, 48), None);
     }

@@ -40,7 +40,7 @@ impl NpuProjection {
     pub fn effective_weight(&self) -> Result<Vec<f32>> {
         let bytes = self.client.weight_bytes_of(&self.weights)?;
         match self.precision {
-            Precision::F16 => Ok(bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()),
+            Precision::Fp16 => Ok(bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()),
             Precision::Q8_0 => {
                 let mut w = Vec::with_capacity(bytes.len() / q8_0::BLOCK_BYTES * QK8_0);
                 let mut block = [half::f16::ZERO; QK8_0];

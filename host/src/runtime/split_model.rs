@@ -31,7 +31,7 @@ use std::time::Instant;
 /// Probe tolerance for a resident precision (see the module docs).
 pub fn tolerance(p: Precision) -> f32 {
     match p {
-        Precision::F16 => 4e-3,
+        Precision::Fp16 => 4e-3,
         Precision::Q8_0 => 3e-2,
     }
 }
@@ -120,7 +120,7 @@ pub fn resident_bytes(projections: &[ProjectionInfo], policy: &PrecisionPolicy) 
         let precision = policy.for_kind(p.kind);
         if let Some(b) = precision.weight_bytes(p.out_features, p.in_features) {
             match precision {
-                Precision::F16 => f16 += b as u64,
+                Precision::Fp16 => f16 += b as u64,
                 Precision::Q8_0 => q8 += b as u64,
             }
         }
@@ -133,7 +133,7 @@ pub fn resident_bytes(projections: &[ProjectionInfo], policy: &PrecisionPolicy) 
 pub fn resident_table(projections: &[ProjectionInfo], policy: &PrecisionPolicy) -> String {
     let mb = |b: u64| b as f64 / 1e6;
     let (f16, q8) = resident_bytes(projections, policy);
-    let (all16, _) = resident_bytes(projections, &PrecisionPolicy::uniform(Precision::F16));
+    let (all16, _) = resident_bytes(projections, &PrecisionPolicy::uniform(Precision::Fp16));
     let mut s = String::from("resident weights        FP16 MB    Q8_0 MB    total MB\n");
     s += &format!(
         "policy (attn {}, mlp {}, recurrent {})  {:>8.2}  {:>9.2}  {:>10.2}\n",

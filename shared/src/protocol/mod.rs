@@ -56,14 +56,41 @@ pub const OUTPUT_BUFFER: u32 = 3;
 /// lifetime of a session. The host chooses the numbering.
 pub type ProjectionId = u32;
 
-/// How a resident weight is stored in DSP memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How a resident weight is stored in DSP memory; the host's precision
+/// policy speaks the same type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Precision {
     /// IEEE half precision, `rows * cols * 2` bytes.
     Fp16,
     /// GGUF Q8_0 blocks (f16 scale + 32 i8) along each row; `cols` must be a
     /// multiple of 32. Forward and input-gradient use the same dequantizer.
     Q8_0,
+}
+
+impl Precision {
+    /// Its name on the command line and in messages: `f16` or `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp16 => "f16",
+            Precision::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes a `[rows, cols]` weight occupies, `None` if Q8_0 cannot hold it
+    /// (`cols` not a multiple of 32).
+    pub fn weight_bytes(self, rows: usize, cols: usize) -> Option<usize> {
+        match self {
+            Precision::Fp16 => Some(rows * cols * 2),
+            Precision::Q8_0 if cols % crate::q8_0::QK8_0 == 0 => Some(rows * cols / crate::q8_0::QK8_0 * crate::q8_0::BLOCK_BYTES),
+            Precision::Q8_0 => None,
+        }
+    }
+}
+
+impl core::fmt::Display for Precision {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Which product of the frozen weight an op computes.
