@@ -20,14 +20,7 @@
 const NAMES: [&str; 4] = ["smollm2_shapes", "tile_loop_in_l1", "forward_parts", "avx2_tile_in_l1"];
 
 fn main() {
-    let mut names: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(bad) = names.iter().find(|n| !NAMES.contains(&n.as_str())) {
-        eprintln!("unknown benchmark {bad:?}; the benchmarks: {}", NAMES.join(" "));
-        std::process::exit(2);
-    }
-    if names.is_empty() {
-        names = NAMES.map(String::from).to_vec();
-    }
+    let names = hexlora::bench_support::selected(&NAMES);
     println!("cpu: {}", hexlora::bench_support::cpu_name());
     #[cfg(target_arch = "x86_64")]
     for name in &names {

@@ -35,14 +35,7 @@ const RANK: usize = 16;
 const ROUNDS: usize = 30;
 
 fn main() {
-    let mut names: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(bad) = names.iter().find(|n| !NAMES.contains(&n.as_str())) {
-        eprintln!("unknown benchmark {bad:?}; the benchmarks: {}", NAMES.join(" "));
-        std::process::exit(2);
-    }
-    if names.is_empty() {
-        names = NAMES.map(String::from).to_vec();
-    }
+    let names = hexlora::bench_support::selected(&NAMES);
     println!("cpu: {}", cpu_name());
     for name in &names {
         match name.as_str() {

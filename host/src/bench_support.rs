@@ -23,3 +23,17 @@ pub fn cpu_name() -> String {
     let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, v)| v.trim().to_string()));
     model.unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
+
+/// The benchmarks named on the command line (all of `known` when none is);
+/// an unknown name ends the process with status 2 and the list.
+pub fn selected(known: &[&str]) -> Vec<String> {
+    let names: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(bad) = names.iter().find(|n| !known.contains(&n.as_str())) {
+        eprintln!("unknown benchmark {bad:?}; the benchmarks: {}", known.join(" "));
+        std::process::exit(2);
+    }
+    if names.is_empty() {
+        return known.iter().map(|n| n.to_string()).collect();
+    }
+    names
+}
