@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut state = model.new_state();
         let t = Instant::now();
         let hidden = model.forward(&ids, &mut state)?;
-        let logits = model.logits(&hidden);
+        let logits = model.logits(&hidden).unwrap();
         std::hint::black_box(&logits);
         times.push(t.elapsed().as_secs_f64());
     }

@@ -53,7 +53,7 @@ fn adapter_logits_and_greedy_tokens_match_peft() {
         let want = floats(&st, &format!("prompt{i}.next_logits"));
         let mut state = model.new_state();
         let hidden = model.forward(&prompt, &mut state).unwrap();
-        let got = model.logits(&hidden[hidden.len() - model.config.hidden_size..]);
+        let got = model.logits(&hidden[hidden.len() - model.config.hidden_size..]).unwrap();
         let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
         let diff = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
         assert!(diff / scale < 1e-4, "prompt {i}: next-token logits differ by {:.2e} (max-normalised)", diff / scale);

@@ -60,7 +60,7 @@ fn check_logits(name: &str) {
     for b in 0..batch {
         let mut state = model.new_state();
         let hidden = model.forward(&ids[b * seq..(b + 1) * seq], &mut state).unwrap();
-        let got = model.logits(&hidden);
+        let got = model.logits(&hidden).unwrap();
         let rows = b * seq * vocab..(b + 1) * seq * vocab;
         let err64 = rel_err(&got, &want64[rows.clone()]);
         let err = rel_err(&got, &want[rows.clone()]);
@@ -122,7 +122,7 @@ fn qwen35_gguf_matches_its_hf_directory_and_transformers() {
     let run = |m: &Model| {
         let mut state = m.new_state();
         let hidden = m.forward(&ids, &mut state).unwrap();
-        m.logits(&hidden)
+        m.logits(&hidden).unwrap()
     };
     let (hf, gguf) = (run(&from_hf), run(&from_gguf));
     let (between, vs_torch) = (rel_err(&gguf, &hf), rel_err(&gguf, &want));

@@ -52,7 +52,7 @@ fn smollm2_next_token_logits_match_transformers() {
         let mut state = model.new_state();
         let hidden = model.forward(&prompt, &mut state).unwrap();
         let h = model.config.hidden_size;
-        let got = model.logits(&hidden[hidden.len() - h..]);
+        let got = model.logits(&hidden[hidden.len() - h..]).unwrap();
         let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
         let diff = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
         println!("prompt {i}: {} tokens, max |logit diff| {diff:.2e}, max-normalised {:.2e}", prompt.len(), diff / scale);
@@ -92,7 +92,7 @@ fn smollm2_greedy_matches_transformers() {
 fn top2_margin(model: &Model, ids: &[u32]) -> f32 {
     let mut state = model.new_state();
     let hidden = model.forward(ids, &mut state).unwrap();
-    let mut l = model.logits(&hidden[hidden.len() - model.config.hidden_size..]);
+    let mut l = model.logits(&hidden[hidden.len() - model.config.hidden_size..]).unwrap();
     l.sort_by(|a, b| b.total_cmp(a));
     l[0] - l[1]
 }

@@ -10,6 +10,11 @@ pub fn run() -> anyhow::Result<()> {
     println!("cpu features: {}", features().join(" "));
     println!("frozen products, bf16 weights: {}", Kernel::detect().name());
     println!("frozen products, f32 weights: {}", crate::model::cpu_projection::f32_products_name());
+    println!(
+        "decoding's products (up to {} rows, straight from Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks or f32): {} lanes",
+        crate::model::cpu_projection::FEW_TOKENS,
+        crate::ops::quant_matvec::Build::detect().name()
+    );
     println!("LoRA branch and attention products: {} tiles", unpacked_tiles_name());
     println!("row kernels (exp, softmax, RMSNorm, RoPE, SwiGLU): {}", crate::ops::activation::SimdBuild::detect().name());
     Ok(())
@@ -24,7 +29,7 @@ fn features() -> Vec<&'static str> {
         macro_rules! check {
             ($($f:tt),*) => { $(if std::arch::is_x86_feature_detected!($f) { seen.push($f); })* };
         }
-        check!("avx2", "fma", "avx512f", "avx512bf16");
+        check!("avx2", "fma", "f16c", "avx512f", "avx512bf16");
         // CPUID and the kernel's grant of the tile state (std's detection
         // of AMX is not stable)
         if crate::ops::bf16_matmul::amx_available() {

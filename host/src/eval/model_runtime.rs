@@ -130,7 +130,7 @@ impl EvalModel {
                 let ids = self.answer_ids(a)?;
                 let mut fork = state.clone();
                 let hidden = self.model.forward(&ids[..ids.len() - 1], &mut fork)?;
-                let rest = self.model.logits(&hidden);
+                let rest = self.model.logits(&hidden)?;
                 let vocab = first.len();
                 let rows = std::iter::once(&first[..]).chain(rest.chunks_exact(vocab));
                 let mut total = 0.0;

@@ -7,7 +7,8 @@ use crate::lora::slots::{AdapterSlots, PreparedAdapter};
 use crate::lora::Adapter;
 use crate::model::chat::{ChatTemplate, Message};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::decoder::{cpu_projection, Model};
+use crate::model::cpu_projection::inference_projection;
+use crate::model::decoder::Model;
 use crate::model::generate::{decode_while, prefill, Sampling};
 use crate::model::source::RawTensor;
 use crate::model::tokenizer::Tokenizer;
@@ -77,11 +78,12 @@ pub struct Assistant {
 }
 
 impl Assistant {
-    /// Loads the model of `ckpt` (dense f32 CPU projections) with an empty
+    /// Loads the model of `ckpt` (a quantized checkpoint's weights stay in
+    /// their blocks, others are held in f32: `inference_projection`) with an empty
     /// slot on every frozen projection.
     pub fn load(ckpt: &Checkpoint) -> Result<Self> {
         let slots = RefCell::new(AdapterSlots::default());
-        let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(cpu_projection(info, raw)?));
+        let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(inference_projection(info, raw)?));
         let model = Model::load(ckpt.config.clone(), ckpt.tensors(), &wrap)?;
         let tokenizer = ckpt.tokenizer()?;
         let template = ckpt.template()?;

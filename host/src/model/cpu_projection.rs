@@ -13,6 +13,7 @@
 use crate::model::source::{DType, RawTensor};
 use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows};
 use crate::ops::matmul::{matmul, matmul_bt};
+use crate::ops::quant_matvec::{self, StoredRows};
 use crate::projection::{Carried, Direction, LoraFactors, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -66,12 +67,17 @@ impl CpuProjection {
 }
 
 /// A frozen projection that keeps the checkpoint's stored bytes (Q4_1,
-/// Q8_0, ...) and dequantizes them to f32 for each call: the products and
-/// bits of [`CpuProjection`] at the file's size (0.6 bytes a Q4_1 weight,
-/// not 4). For the split runtime, whose CPU side only serves the planner's
-/// reference products and the rare fallback while the DSP holds the weight
-/// it computes with: SmolLM2's dense f32 copies were 424 of the nightly
-/// job's 956 MiB.
+/// Q8_0, ...) at the file's size (0.6 bytes a Q4_1 weight, not 4).
+/// Forward products of up to [`FEW_TOKENS`] rows (decoding) read the
+/// blocks directly ([`quant_matvec`]); every other product dequantizes the
+/// weight to f32 for the call and gives [`CpuProjection`]'s bits.
+///
+/// Used where the weight is mostly read a token at a time or rarely:
+/// generation and serving (decoding is bound by the bytes it reads), and
+/// the split runtime's CPU side, which only serves the planner's reference
+/// products and the rare fallback while the DSP holds the weight it
+/// computes with (SmolLM2's dense f32 copies were 424 of the nightly job's
+/// 956 MiB).
 pub struct StoredProjection {
     info: ProjectionInfo,
     dtype: DType,
@@ -108,6 +114,11 @@ impl Projection for StoredProjection {
         // checked before the dequantization it would waste; the dense
         // projection's apply checks again (cheap)
         self.info.check_io(dir, input, tokens, out)?;
+        if dir == Direction::Forward && tokens <= FEW_TOKENS && quant_matvec::reads_blocks(self.dtype) {
+            let dims = (self.info.out_features, self.info.in_features);
+            quant_matvec::matvec(out, input, tokens, StoredRows::Blocks(self.dtype, &self.bytes), dims);
+            return Ok(());
+        }
         CpuProjection::new(self.info.clone(), self.weight()?)?.apply(dir, input, tokens, out)
     }
 
@@ -141,6 +152,10 @@ impl Projection for CpuProjection {
         let w = self.weight();
         let packed = packed_tiles_fit(tokens);
         match dir {
+            // Decoding's few rows: one pass over W per four rows.
+            Direction::Forward if tokens <= FEW_TOKENS => {
+                quant_matvec::matvec(out, input, tokens, StoredRows::F32(w), (n_out, n_in));
+            }
             // Y[t, out] = X[t, in] W[out, in]^T
             Direction::Forward => {
                 if !(packed && bf16_matmul::f32_forward(out, input, tokens, w, (n_out, n_in))) {
@@ -166,6 +181,11 @@ impl Projection for CpuProjection {
         Ok(())
     }
 }
+
+/// Forward products of at most this many rows go to
+/// [`quant_matvec::matvec`] (decoding), which reads each weight once per
+/// four rows; more rows go to the tiled products.
+pub const FEW_TOKENS: usize = 8;
 
 /// Whether a product of `tokens` rows goes to the bf16 kernel's packed
 /// AVX2 tiles (fed f32, nothing rounded) rather than `matrixmultiply`:
@@ -206,6 +226,17 @@ pub enum FrozenDtype {
     /// sums in f32 (AMX tiles where available). Training graphs also run
     /// attention's products on bf16 operands then.
     Bf16,
+}
+
+/// The projection for answering (generation, serving, a model's embedding
+/// and head tables): a quantized checkpoint's weight stays in its blocks
+/// ([`StoredProjection`]), any other is held dense in f32.
+pub fn inference_projection(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Arc<dyn Projection>> {
+    Ok(if quant_matvec::reads_blocks(raw.dtype) {
+        Arc::new(StoredProjection::from_raw(info, raw)?)
+    } else {
+        Arc::new(CpuProjection::from_raw(info, raw)?)
+    })
 }
 
 /// The projection factory for `dtype` (see [`crate::model::decoder::ProjectionFactory`]).

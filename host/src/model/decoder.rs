@@ -7,21 +7,19 @@
 //! let model = Model::open("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
 //! let mut state = model.new_state();
 //! let hidden = model.forward(&[1, 2, 3], &mut state)?;
-//! let logits = model.logits(&hidden); // [3, vocab]
+//! let logits = model.logits(&hidden)?; // [3, vocab]
 //! # Ok::<(), hexlora::Error>(())
 //! ```
 use crate::model::config::{Arch, LayerKind, ModelConfig};
-use crate::model::cpu_projection::CpuProjection;
+use crate::model::cpu_projection::{inference_projection, CpuProjection};
 use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::blocks::{read_vector, Attention, KvCache, Mlp};
 use crate::model::qwen35::{GatedDeltaNet, GdnState, GdnWeights};
 use crate::model::source::{RawTensor, TensorSource};
-use crate::ops::embedding::embedding_forward;
 use crate::ops::rmsnorm::{rmsnorm_forward, NormWeight};
 use crate::ops::rope::rope_inv_freq;
-use crate::ops::softmax::logits_forward;
-use crate::projection::{Projection, ProjectionInfo};
+use crate::projection::{Direction, Projection, ProjectionInfo, ProjectionKind};
 use crate::{Error, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -70,14 +68,16 @@ pub struct Model {
     pub config: ModelConfig,
     /// Names, shapes and ops.
     pub descriptor: Descriptor,
-    /// Embedding table `[vocab, hidden]`.
-    pub embed: Vec<f32>,
+    /// Embedding table `[vocab, hidden]`, as stored (a quantized table
+    /// stays in its blocks: its rows are read per token).
+    pub embed: Arc<dyn Projection>,
     /// Decoder layers.
     pub layers: Vec<Layer>,
     /// Final norm weight `[hidden]`.
     pub final_norm: Vec<f32>,
-    /// Untied `lm_head.weight` `[vocab, hidden]`; `None` reads `embed`.
-    pub lm_head: Option<Vec<f32>>,
+    /// The vocabulary head `[vocab, hidden]`: `lm_head.weight`, or the
+    /// embedding table itself when tied.
+    pub head: Arc<dyn Projection>,
     /// RMSNorm convention of residual-stream and q/k norms.
     pub norm: NormWeight,
     /// Rotary inverse frequencies `[rotary_dim / 2]`.
@@ -94,10 +94,11 @@ pub fn cpu_projection(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Arc<d
 }
 
 impl Model {
-    /// Opens a GGUF file or a Hugging Face directory with CPU projections.
+    /// Opens a GGUF file or a Hugging Face directory with CPU projections
+    /// (a quantized file's weights stay in their blocks, as `generate` holds them).
     pub fn open(path: &Path) -> Result<Self> {
         let ckpt = Checkpoint::open(path)?;
-        Self::load(ckpt.config.clone(), ckpt.tensors(), &cpu_projection)
+        Self::load(ckpt.config.clone(), ckpt.tensors(), &inference_projection)
     }
 
     /// Builds the model for `config` from `src`, after checking that every
@@ -110,10 +111,14 @@ impl Model {
             .iter()
             .map(|l| load_layer(&config, &descriptor, l, src, make))
             .collect::<Result<Vec<_>>>()?;
-        let embed = src.get(&descriptor.embed.name)?.to_f32()?;
-        let lm_head = match &descriptor.lm_head {
-            Some(t) => Some(src.get(&t.name)?.to_f32()?),
-            None => None,
+        let table = |name: &str| {
+            let info = ProjectionInfo { name: name.into(), kind: ProjectionKind::Mlp, out_features: config.vocab_size, in_features: config.hidden_size };
+            inference_projection(info, &src.get(name)?)
+        };
+        let embed = table(&descriptor.embed.name)?;
+        let head = match &descriptor.lm_head {
+            Some(t) => table(&t.name)?,
+            None => embed.clone(),
         };
         let inv_freq = rope_inv_freq(config.rotary_dim, config.rope_theta, &config.rope_scaling);
         Ok(Model {
@@ -122,7 +127,7 @@ impl Model {
             descriptor,
             embed,
             layers,
-            lm_head,
+            head,
             inv_freq,
             config,
         })
@@ -149,7 +154,14 @@ impl Model {
     pub fn forward(&self, ids: &[u32], state: &mut DecodeState) -> Result<Vec<f32>> {
         let (t, h) = (ids.len(), self.config.hidden_size);
         let mut x = vec![0.0; t * h];
-        embedding_forward(&mut x, ids, &self.embed, h)?;
+        // The embedding rows times 1 (exact): the gather reads a quantized
+        // table's rows in place.
+        let vocab = self.config.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::invalid("token id", format!("{id} is outside the vocabulary of {vocab}")));
+        }
+        let rows: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+        self.embed.scaled_rows(&rows, &vec![1.0; t], &mut x)?;
         let positions: Vec<usize> = (state.pos..state.pos + t).collect();
         let eps = self.config.rms_norm_eps;
         let mut normed = vec![0.0; x.len()];
@@ -170,19 +182,15 @@ impl Model {
         Ok(normed)
     }
 
-    /// The vocabulary head's table `[vocab, hidden]` (`lm_head` or the tied embedding).
-    pub fn head_weight(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.embed)
-    }
-
     /// `logits[rows, vocab]` for `hidden[rows, hidden]`.
-    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+    pub fn logits(&self, hidden: &[f32]) -> Result<Vec<f32>> {
         let rows = hidden.len() / self.config.hidden_size;
         let mut out = vec![0.0; rows * self.config.vocab_size];
-        logits_forward(&mut out, hidden, self.head_weight(), self.config.hidden_size);
-        out
+        self.head.apply(Direction::Forward, hidden, rows, &mut out)?;
+        Ok(out)
     }
 }
+
 
 fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {

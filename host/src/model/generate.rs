@@ -66,7 +66,7 @@ pub fn prefill(model: &Model, prompt: &[u32]) -> Result<(DecodeState, Vec<f32>)>
     let mut state = model.new_state();
     let hidden = model.forward(prompt, &mut state)?;
     let h = model.config.hidden_size;
-    let logits = model.logits(&hidden[hidden.len() - h..]);
+    let logits = model.logits(&hidden[hidden.len() - h..])?;
     Ok((state, logits))
 }
 
@@ -113,7 +113,7 @@ pub fn decode_while(
             break;
         }
         let hidden = model.forward(&[next], state)?;
-        logits = model.logits(&hidden);
+        logits = model.logits(&hidden)?;
     }
     Ok(out)
 }

@@ -175,28 +175,39 @@ fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 }
 
 fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
+    // `dequantize` hands whole blocks, so the array conversions hold.
     match dtype {
         DType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => y[0] = f16::from_le_bytes([b[0], b[1]]).to_f32(),
         DType::BF16 => y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-        DType::Q8_0 => dequantize_q8_0(b, y),
-        DType::Q4_0 => dequantize_q4_0(b, y),
-        DType::Q4_1 => dequantize_q4_1(b, y),
-        DType::Q4K => dequantize_q4_k(b, y),
-        DType::Q6K => dequantize_q6_k(b, y),
+        DType::Q8_0 => decode_q8_0(b.try_into().unwrap(), y.try_into().unwrap()),
+        DType::Q4_0 => decode_q4_0(b.try_into().unwrap(), y.try_into().unwrap()),
+        DType::Q4_1 => decode_q4_1(b.try_into().unwrap(), y.try_into().unwrap()),
+        DType::Q4K => decode_q4_k(b.try_into().unwrap(), y.try_into().unwrap()),
+        DType::Q6K => decode_q6_k(b.try_into().unwrap(), y.try_into().unwrap()),
     }
 }
 
+// The block decoders below are the one definition of each type's values:
+// `dequantize` and the products straight from blocks
+// (`crate::ops::quant_matvec`) both call them, so every path multiplies
+// the same f32 weights.
+
+#[inline(always)]
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-fn dequantize_q8_0(b: &[u8], y: &mut [f32]) {
-    let block = q8_0::BlockQ8_0::from_bytes(b.try_into().expect("34-byte block"));
-    q8_0::dequantize_block_f32(&block, y.try_into().expect("32-value block"));
+/// Q8_0: `x = d q`, through `hexlora_proto::q8_0`, the dequantizer the DSP
+/// firmware also uses.
+#[inline(always)]
+pub(crate) fn decode_q8_0(b: &[u8; 34], y: &mut [f32; 32]) {
+    q8_0::dequantize_block_f32(&q8_0::BlockQ8_0::from_bytes(b), y);
 }
 
-fn dequantize_q4_0(b: &[u8], y: &mut [f32]) {
+/// Q4_0: `x = d (nibble - 8)`.
+#[inline(always)]
+pub(crate) fn decode_q4_0(b: &[u8; 18], y: &mut [f32; 32]) {
     let d = f16_at(b, 0);
     let (lo, hi) = y.split_at_mut(16);
     for (j, &q) in b[2..18].iter().enumerate() {
@@ -205,7 +216,9 @@ fn dequantize_q4_0(b: &[u8], y: &mut [f32]) {
     }
 }
 
-fn dequantize_q4_1(b: &[u8], y: &mut [f32]) {
+/// Q4_1: `x = d nibble + m`.
+#[inline(always)]
+pub(crate) fn decode_q4_1(b: &[u8; 20], y: &mut [f32; 32]) {
     let (d, m) = (f16_at(b, 0), f16_at(b, 2));
     let (lo, hi) = y.split_at_mut(16);
     for (j, &q) in b[4..20].iter().enumerate() {
@@ -217,6 +230,7 @@ fn dequantize_q4_1(b: &[u8], y: &mut [f32]) {
 /// Scale and min number `j` (0..8) of a K-quant block, packed as 6 bits each
 /// in 12 bytes: the first four in the low 6 bits of bytes 0..4 / 4..8, the
 /// last four split between bytes 8..12 and the top 2 bits of bytes 0..8.
+#[inline(always)]
 fn scale_min_k4(j: usize, s: &[u8]) -> (f32, f32) {
     let (sc, m) = if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
@@ -226,7 +240,9 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (f32, f32) {
     (sc as f32, m as f32)
 }
 
-fn dequantize_q4_k(b: &[u8], y: &mut [f32]) {
+/// Q4_K: eight sub-blocks of 32, `x = d sc nibble - dmin m`.
+#[inline(always)]
+pub(crate) fn decode_q4_k(b: &[u8; 144], y: &mut [f32; 256]) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
     let scales = &b[4..16];
     let qs = &b[16..144];
@@ -244,7 +260,9 @@ fn dequantize_q4_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-fn dequantize_q6_k(b: &[u8], y: &mut [f32]) {
+/// Q6_K: sixteen sub-blocks of 16, `x = d sc (q - 32)` with 6-bit `q`.
+#[inline(always)]
+pub(crate) fn decode_q6_k(b: &[u8; 210], y: &mut [f32; 256]) {
     let d = f16_at(b, 208);
     // Two halves of 128 elements, each with 64 bytes of low nibbles, 32 bytes
     // of high 2-bit pairs and 8 scales (one per 16 elements).

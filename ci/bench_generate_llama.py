@@ -1,0 +1,60 @@
+"""llama.cpp's side of ci/bench-generate.sh: the same prompt token ids and
+greedy decoding on the same GGUF and thread count, through PyPI
+llama-cpp-python (its vendored llama.cpp compiled natively for this CPU).
+
+Usage: bench_generate_llama.py MODEL IDS_JSON N_GEN THREADS
+Prints one line:
+  llama.cpp prompt N tokens P tok/s, generated G tokens D tok/s, peak RSS R MiB
+Prompt tok/s: the prompt's tokens over the time of its one evaluation
+(which yields the first generated token's logits). Generated tok/s: the
+decoding steps after it (one token each, argmax of the logits) over their
+time, as hexlora generate counts them.
+"""
+import json
+import resource
+import sys
+import time
+
+import llama_cpp
+import numpy as np
+from llama_cpp import Llama
+
+
+def next_token(llm):
+    """Argmax of the last evaluated position's logits (read from the
+    context: this llama-cpp-python keeps scores only with logits_all)."""
+    logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
+
+
+def main():
+    model, ids_path, n_gen, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    ids = json.load(open(ids_path))
+    llm = Llama(
+        model_path=model,
+        n_ctx=len(ids) + n_gen + 8,
+        n_batch=len(ids),
+        n_ubatch=len(ids),
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=False,
+        verbose=False,
+    )
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prompt_s = time.perf_counter() - t0
+    token = next_token(llm)
+    t0 = time.perf_counter()
+    for _ in range(n_gen - 1):
+        llm.eval([token])
+        token = next_token(llm)
+    gen_s = time.perf_counter() - t0
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"llama.cpp prompt {len(ids)} tokens {len(ids) / prompt_s:.1f} tok/s, "
+        f"generated {n_gen - 1} tokens {(n_gen - 1) / gen_s:.1f} tok/s, peak RSS {rss_mib:.0f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,638 @@
+//! Products of a few rows with a frozen weight read where it is stored:
+//! `y[t, o] = sum_i W[o, i] x[t, i]` (`x: [tokens, cols]`, `W: [rows, cols]`,
+//! `y: [tokens, rows]`), with `W` as GGML blocks (Q8_0, Q4_0, Q4_1, Q4_K,
+//! Q6_K) or plain f32.
+//!
+//! Why: decoding multiplies one token's activations with every weight, so
+//! it is bound by the bytes read, not by arithmetic. A Q4_1 weight is 0.625
+//! bytes where an f32 copy is 4; each block is decoded in registers right
+//! before its multiply-adds, as llama.cpp does (it quantizes the activations
+//! too; here they stay f32).
+//!
+//! Arithmetic, identical on every CPU: the weights are exactly the f32
+//! values the block decoders of [`crate::model::quant`] yield (the values
+//! every other path multiplies); each output is 16 lane chains (lane `l`
+//! takes elements `l, l + 16, l + 32, ...` of the row, one fused
+//! multiply-add each), closed by a fixed halving tree. The algorithm is
+//! written once over [`Lanes`], 16 f32 lanes with the few operations it
+//! needs; AVX-512 (one register), AVX2 (two) and the portable arrays
+//! (`f32::mul_add`, NEON's `fmla` on aarch64) implement it, so every build
+//! returns the same bits, and a row is one task's, so the thread count
+//! changes nothing either. The sums run in another order than the dense
+//! products', so results differ from those by rounding only.
+use crate::model::quant::{decode_q4_k, decode_q6_k};
+use crate::model::source::DType;
+use half::f16;
+use rayon::prelude::*;
+
+/// Lane chains per output.
+const LANES: usize = 16;
+/// Token rows multiplied per pass over a weight row: their accumulators
+/// stay in registers (4 x 16 lanes: four AVX-512 or eight AVX2 registers).
+const TOKENS_PER_PASS: usize = 4;
+
+/// A frozen weight `[rows, cols]` as it is stored.
+#[derive(Clone, Copy, Debug)]
+pub enum StoredRows<'a> {
+    /// Plain f32, row-major.
+    F32(&'a [f32]),
+    /// Whole rows of GGML blocks of a quantized type.
+    Blocks(DType, &'a [u8]),
+}
+
+/// Whether [`matvec`] reads `dtype`'s blocks.
+pub fn reads_blocks(dtype: DType) -> bool {
+    matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4K | DType::Q6K)
+}
+
+/// `y[t, o] = sum_i W[o, i] x[t, i]` for `x: [tokens, cols]`,
+/// `y: [tokens, rows]` (overwritten). Meant for few tokens (decoding); the
+/// weight is read `ceil(tokens / 4)` times. Panics if a buffer's length
+/// does not match `(rows, cols)` or the blocks' type (callers check).
+pub fn matvec(y: &mut [f32], x: &[f32], tokens: usize, w: StoredRows<'_>, dims: (usize, usize)) {
+    matvec_with(Build::detect(), y, x, tokens, w, dims)
+}
+
+/// [`matvec`] on the given build (which the CPU must have).
+fn matvec_with(build: Build, y: &mut [f32], x: &[f32], tokens: usize, w: StoredRows<'_>, (rows, cols): (usize, usize)) {
+    assert_eq!(x.len(), tokens * cols, "matvec input");
+    assert_eq!(y.len(), tokens * rows, "matvec output");
+    let row_len = match w {
+        StoredRows::F32(v) => {
+            assert_eq!(v.len(), rows * cols, "matvec f32 weight");
+            cols
+        }
+        StoredRows::Blocks(dtype, bytes) => {
+            assert!(reads_blocks(dtype), "matvec cannot read {dtype:?}");
+            let row_bytes = dtype.bytes_for(cols).expect("whole blocks per row");
+            assert_eq!(bytes.len(), rows * row_bytes, "matvec {dtype:?} weight");
+            row_bytes
+        }
+    };
+    if rows == 0 || tokens == 0 {
+        return;
+    }
+    // Tasks of whole rows: a few per thread, so uneven cores even out.
+    let per_task = rows.div_ceil(4 * rayon::current_num_threads()).clamp(8, 256);
+    // yt[o, t], so a task's outputs are contiguous; transposed at the end.
+    let mut yt = vec![0.0f32; rows * tokens];
+    yt.par_chunks_mut(per_task * tokens).enumerate().for_each(|(task, yt)| {
+        let first = task * per_task;
+        let n = yt.len() / tokens;
+        let w = match w {
+            StoredRows::F32(v) => StoredRows::F32(&v[first * row_len..(first + n) * row_len]),
+            StoredRows::Blocks(d, b) => StoredRows::Blocks(d, &b[first * row_len..(first + n) * row_len]),
+        };
+        for t0 in (0..tokens).step_by(TOKENS_PER_PASS) {
+            let t1 = (t0 + TOKENS_PER_PASS).min(tokens);
+            let out = Out { yt: &mut *yt, stride: tokens, t0 };
+            build.pass(out, &x[t0 * cols..t1 * cols], t1 - t0, w, cols);
+        }
+    });
+    for (o, row) in yt.chunks_exact(tokens).enumerate() {
+        for (t, &v) in row.iter().enumerate() {
+            y[t * rows + o] = v;
+        }
+    }
+}
+
+/// Where a pass writes: column `t0 + t` of `yt: [rows, stride]`.
+struct Out<'a> {
+    yt: &'a mut [f32],
+    stride: usize,
+    t0: usize,
+}
+
+impl Out<'_> {
+    /// Closes row `o`'s lane chains for each token.
+    #[inline(always)]
+    fn row<const T: usize>(&mut self, o: usize, acc: &[[f32; LANES]; T]) {
+        for (t, a) in acc.iter().enumerate() {
+            self.yt[o * self.stride + self.t0 + t] = lane_tree(a);
+        }
+    }
+}
+
+/// The [`Lanes`] implementation this CPU runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// One AVX-512 register.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// Two AVX2 registers (with FMA and F16C).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// Arrays and `f32::mul_add` (NEON `fmla` on aarch64).
+    Portable,
+}
+
+impl Build {
+    /// The widest this CPU has; `HEXLORA_MATVEC=portable|avx2` forces a
+    /// narrower one (the greedy-text tests run under each). Read once.
+    pub fn detect() -> Build {
+        static BUILD: std::sync::OnceLock<Build> = std::sync::OnceLock::new();
+        *BUILD.get_or_init(|| Self::pick(std::env::var("HEXLORA_MATVEC").ok().as_deref()))
+    }
+
+    /// Every build this CPU can run, widest first.
+    pub fn available() -> Vec<Build> {
+        let mut all = vec![Self::pick(None), Self::pick(Some("avx2")), Build::Portable];
+        all.dedup();
+        all
+    }
+
+    fn pick(forced: Option<&str>) -> Build {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            match forced {
+                Some("portable") => {}
+                Some("avx2") if avx2 => return Build::Avx2,
+                _ if has!("avx512f") => return Build::Avx512,
+                _ if avx2 => return Build::Avx2,
+                _ => {}
+            }
+        }
+        let _ = forced;
+        Build::Portable
+    }
+
+    /// Its name (`hexlora info`).
+    pub fn name(self) -> &'static str {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Build::Avx512 => "avx512",
+            #[cfg(target_arch = "x86_64")]
+            Build::Avx2 => "avx2-fma",
+            Build::Portable if cfg!(target_arch = "aarch64") => "neon (portable lanes)",
+            Build::Portable => "portable",
+        }
+    }
+
+    /// One pass of `n_tok` (1..=4) token rows `x` over every row of `w`.
+    fn pass(self, out: Out<'_>, x: &[f32], n_tok: usize, w: StoredRows<'_>, cols: usize) {
+        match self {
+            // SAFETY: detect() saw AVX-512F (which implies FMA and F16C).
+            #[cfg(target_arch = "x86_64")]
+            Build::Avx512 => unsafe { x86::pass_avx512(out, x, n_tok, w, cols) },
+            // SAFETY: detect() saw AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Build::Avx2 => unsafe { x86::pass_avx2(out, x, n_tok, w, cols) },
+            // SAFETY: the portable lanes are plain Rust.
+            Build::Portable => unsafe { pass_tokens::<Portable>(out, x, n_tok, w, cols) },
+        }
+    }
+}
+
+/// 16 f32 lanes and the operations the kernel needs. Every implementation
+/// computes each lane exactly as [`Portable`] does.
+trait Lanes: Copy {
+    unsafe fn zero() -> Self;
+    unsafe fn splat(v: f32) -> Self;
+    /// 16 values from `p`.
+    unsafe fn load(p: *const f32) -> Self;
+    /// `a * b + c`, rounded once.
+    unsafe fn mul_add(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    /// The low and high nibbles of 16 bytes at `p`, as f32.
+    unsafe fn nibbles(p: *const u8) -> (Self, Self);
+    /// 16 signed bytes at `p`, as f32.
+    unsafe fn i8s(p: *const u8) -> Self;
+    unsafe fn store(self, out: &mut [f32; LANES]);
+}
+
+/// The reference lanes: plain arrays.
+#[derive(Clone, Copy)]
+struct Portable([f32; LANES]);
+
+impl Lanes for Portable {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Portable([0.0; LANES])
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        Portable([v; LANES])
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        Portable(std::ptr::read_unaligned(p as *const [f32; LANES]))
+    }
+    #[inline(always)]
+    unsafe fn mul_add(a: Self, b: Self, c: Self) -> Self {
+        Portable(std::array::from_fn(|l| a.0[l].mul_add(b.0[l], c.0[l])))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        Portable(std::array::from_fn(|l| a.0[l] * b.0[l]))
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Portable(std::array::from_fn(|l| a.0[l] + b.0[l]))
+    }
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> (Self, Self) {
+        let q = std::ptr::read_unaligned(p as *const [u8; LANES]);
+        (Portable(std::array::from_fn(|l| (q[l] & 0x0f) as f32)), Portable(std::array::from_fn(|l| (q[l] >> 4) as f32)))
+    }
+    #[inline(always)]
+    unsafe fn i8s(p: *const u8) -> Self {
+        let q = std::ptr::read_unaligned(p as *const [u8; LANES]);
+        Portable(std::array::from_fn(|l| q[l] as i8 as f32))
+    }
+    #[inline(always)]
+    unsafe fn store(self, out: &mut [f32; LANES]) {
+        *out = self.0;
+    }
+}
+
+/// [`pass`] for 1..=4 token rows.
+#[inline(always)]
+unsafe fn pass_tokens<V: Lanes>(out: Out<'_>, x: &[f32], n_tok: usize, w: StoredRows<'_>, cols: usize) {
+    match n_tok {
+        1 => pass::<V, 1>(out, x, w, cols),
+        2 => pass::<V, 2>(out, x, w, cols),
+        3 => pass::<V, 3>(out, x, w, cols),
+        _ => pass::<V, 4>(out, x, w, cols),
+    }
+}
+
+/// Every row of `w` against `T` token rows of `x` (`[T, cols]`).
+#[inline(always)]
+unsafe fn pass<V: Lanes, const T: usize>(mut out: Out<'_>, x: &[f32], w: StoredRows<'_>, cols: usize) {
+    let xp = x.as_ptr();
+    let rows = |row_len: usize| -> usize {
+        match w {
+            StoredRows::F32(v) => v.len() / row_len,
+            StoredRows::Blocks(_, b) => b.len() / row_len,
+        }
+    };
+    match w {
+        StoredRows::F32(v) => {
+            for o in 0..rows(cols) {
+                let acc = f32_row::<V, T>(&v[o * cols..(o + 1) * cols], x, cols);
+                out.row(o, &acc);
+            }
+        }
+        StoredRows::Blocks(dtype, bytes) => {
+            let row_bytes = dtype.bytes_for(cols).expect("whole blocks");
+            for o in 0..rows(row_bytes) {
+                let row = &bytes[o * row_bytes..(o + 1) * row_bytes];
+                let mut acc = [V::zero(); T];
+                match dtype {
+                    DType::Q4_1 => each_block::<20, 32>(row, |b, blk| q4_1::<V, T>(blk, xp.add(b * 32), cols, &mut acc)),
+                    DType::Q4_0 => each_block::<18, 32>(row, |b, blk| q4_0::<V, T>(blk, xp.add(b * 32), cols, &mut acc)),
+                    DType::Q8_0 => each_block::<34, 32>(row, |b, blk| q8_0::<V, T>(blk, xp.add(b * 32), cols, &mut acc)),
+                    DType::Q4K => each_block::<144, 256>(row, |b, blk| {
+                        let mut w = [0.0; 256];
+                        decode_q4_k(blk, &mut w);
+                        decoded::<V, T, 256>(&w, xp.add(b * 256), cols, &mut acc)
+                    }),
+                    DType::Q6K => each_block::<210, 256>(row, |b, blk| {
+                        let mut w = [0.0; 256];
+                        decode_q6_k(blk, &mut w);
+                        decoded::<V, T, 256>(&w, xp.add(b * 256), cols, &mut acc)
+                    }),
+                    DType::F32 | DType::F16 | DType::BF16 => unreachable!("matvec checked the type"),
+                }
+                out.row(o, &stored(&acc));
+            }
+        }
+    }
+}
+
+/// Calls `f(index, block)` for each `B`-byte block of a row (`L` values each).
+#[inline(always)]
+fn each_block<const B: usize, const L: usize>(row: &[u8], mut f: impl FnMut(usize, &[u8; B])) {
+    for (b, blk) in row.chunks_exact(B).enumerate() {
+        f(b, blk.try_into().expect("B-byte block"));
+    }
+}
+
+#[inline(always)]
+fn f16_bits(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q4_1 `x = d nibble + m` (as `decode_q4_1`: product, then sum).
+#[inline(always)]
+unsafe fn q4_1<V: Lanes, const T: usize>(blk: &[u8; 20], x: *const f32, cols: usize, acc: &mut [V; T]) {
+    let (d, m) = (V::splat(f16_bits(blk, 0)), V::splat(f16_bits(blk, 2)));
+    let (lo, hi) = V::nibbles(blk.as_ptr().add(4));
+    two_chunks(V::add(V::mul(d, lo), m), V::add(V::mul(d, hi), m), x, cols, acc);
+}
+
+/// Q4_0 `x = d (nibble - 8)` (the subtraction is exact in f32).
+#[inline(always)]
+unsafe fn q4_0<V: Lanes, const T: usize>(blk: &[u8; 18], x: *const f32, cols: usize, acc: &mut [V; T]) {
+    let (d, minus_8) = (V::splat(f16_bits(blk, 0)), V::splat(-8.0));
+    let (lo, hi) = V::nibbles(blk.as_ptr().add(2));
+    two_chunks(V::mul(d, V::add(lo, minus_8)), V::mul(d, V::add(hi, minus_8)), x, cols, acc);
+}
+
+/// Q8_0 `x = q d`.
+#[inline(always)]
+unsafe fn q8_0<V: Lanes, const T: usize>(blk: &[u8; 34], x: *const f32, cols: usize, acc: &mut [V; T]) {
+    let d = V::splat(f16_bits(blk, 0));
+    let (a, b) = (V::i8s(blk.as_ptr().add(2)), V::i8s(blk.as_ptr().add(18)));
+    two_chunks(V::mul(a, d), V::mul(b, d), x, cols, acc);
+}
+
+/// A 32-value block's two lane chunks into each token's chains.
+#[inline(always)]
+unsafe fn two_chunks<V: Lanes, const T: usize>(w0: V, w1: V, x: *const f32, cols: usize, acc: &mut [V; T]) {
+    for (t, a) in acc.iter_mut().enumerate() {
+        let xt = x.add(t * cols);
+        *a = V::mul_add(w0, V::load(xt), *a);
+        *a = V::mul_add(w1, V::load(xt.add(LANES)), *a);
+    }
+}
+
+/// A block already decoded to f32 (`L` values) into each token's chains.
+#[inline(always)]
+unsafe fn decoded<V: Lanes, const T: usize, const L: usize>(w: &[f32; L], x: *const f32, cols: usize, acc: &mut [V; T]) {
+    for c in 0..L / LANES {
+        let wc = V::load(w.as_ptr().add(c * LANES));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = V::mul_add(wc, V::load(x.add(t * cols + c * LANES)), *a);
+        }
+    }
+}
+
+/// One f32 row against `T` token rows; a tail shorter than 16 is padded
+/// with zeros (their products add exactly nothing).
+#[inline(always)]
+unsafe fn f32_row<V: Lanes, const T: usize>(row: &[f32], x: &[f32], cols: usize) -> [[f32; LANES]; T] {
+    let mut acc = [V::zero(); T];
+    let body = cols / LANES * LANES;
+    for c in (0..body).step_by(LANES) {
+        let wc = V::load(row.as_ptr().add(c));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = V::mul_add(wc, V::load(x.as_ptr().add(t * cols + c)), *a);
+        }
+    }
+    if body < cols {
+        let mut w_tail = [0.0f32; LANES];
+        w_tail[..cols - body].copy_from_slice(&row[body..]);
+        let wc = V::load(w_tail.as_ptr());
+        for (t, a) in acc.iter_mut().enumerate() {
+            let mut x_tail = [0.0f32; LANES];
+            x_tail[..cols - body].copy_from_slice(&x[t * cols + body..(t + 1) * cols]);
+            *a = V::mul_add(wc, V::load(x_tail.as_ptr()), *a);
+        }
+    }
+    stored(&acc)
+}
+
+#[inline(always)]
+unsafe fn stored<V: Lanes, const T: usize>(acc: &[V; T]) -> [[f32; LANES]; T] {
+    let mut out = [[0.0; LANES]; T];
+    for (o, a) in out.iter_mut().zip(acc) {
+        a.store(o);
+    }
+    out
+}
+
+/// The lanes' sum by a fixed halving tree: `a[l] += a[l + h]` for
+/// `h = 8, 4, 2, 1`.
+#[inline(always)]
+fn lane_tree(a: &[f32; LANES]) -> f32 {
+    let mut a = *a;
+    let mut h = LANES / 2;
+    while h > 0 {
+        for l in 0..h {
+            a[l] += a[l + h];
+        }
+        h /= 2;
+    }
+    a[0]
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The AVX-512 and AVX2 [`Lanes`].
+    use super::{pass_tokens, Lanes, Out, StoredRows, LANES};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pass_avx512(out: Out<'_>, x: &[f32], n_tok: usize, w: StoredRows<'_>, cols: usize) {
+        pass_tokens::<Avx512>(out, x, n_tok, w, cols)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pass_avx2(out: Out<'_>, x: &[f32], n_tok: usize, w: StoredRows<'_>, cols: usize) {
+        pass_tokens::<Avx2>(out, x, n_tok, w, cols)
+    }
+
+    #[derive(Clone, Copy)]
+    struct Avx512(__m512);
+
+    impl Lanes for Avx512 {
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            Avx512(_mm512_setzero_ps())
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            Avx512(_mm512_set1_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            Avx512(_mm512_loadu_ps(p))
+        }
+        #[inline(always)]
+        unsafe fn mul_add(a: Self, b: Self, c: Self) -> Self {
+            Avx512(_mm512_fmadd_ps(a.0, b.0, c.0))
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            Avx512(_mm512_mul_ps(a.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            Avx512(_mm512_add_ps(a.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn nibbles(p: *const u8) -> (Self, Self) {
+            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+            let lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0f));
+            let hi = _mm512_srli_epi32::<4>(q);
+            (Avx512(_mm512_cvtepi32_ps(lo)), Avx512(_mm512_cvtepi32_ps(hi)))
+        }
+        #[inline(always)]
+        unsafe fn i8s(p: *const u8) -> Self {
+            Avx512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))))
+        }
+        #[inline(always)]
+        unsafe fn store(self, out: &mut [f32; LANES]) {
+            _mm512_storeu_ps(out.as_mut_ptr(), self.0)
+        }
+    }
+
+    /// Lanes 0..8 and 8..16.
+    #[derive(Clone, Copy)]
+    struct Avx2(__m256, __m256);
+
+    impl Lanes for Avx2 {
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            Avx2(_mm256_setzero_ps(), _mm256_setzero_ps())
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            Avx2(_mm256_set1_ps(v), _mm256_set1_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            Avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+        }
+        #[inline(always)]
+        unsafe fn mul_add(a: Self, b: Self, c: Self) -> Self {
+            Avx2(_mm256_fmadd_ps(a.0, b.0, c.0), _mm256_fmadd_ps(a.1, b.1, c.1))
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            Avx2(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1))
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            Avx2(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
+        }
+        #[inline(always)]
+        unsafe fn nibbles(p: *const u8) -> (Self, Self) {
+            let half = |at: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(at) as *const __m128i));
+            let (q0, q1) = (half(0), half(8));
+            let mask = _mm256_set1_epi32(0x0f);
+            let f = |v: __m256i| _mm256_cvtepi32_ps(v);
+            (
+                Avx2(f(_mm256_and_si256(q0, mask)), f(_mm256_and_si256(q1, mask))),
+                Avx2(f(_mm256_srli_epi32::<4>(q0)), f(_mm256_srli_epi32::<4>(q1))),
+            )
+        }
+        #[inline(always)]
+        unsafe fn i8s(p: *const u8) -> Self {
+            let half = |at: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(at) as *const __m128i)));
+            Avx2(half(0), half(8))
+        }
+        #[inline(always)]
+        unsafe fn store(self, out: &mut [f32; LANES]) {
+            _mm256_storeu_ps(out.as_mut_ptr(), self.0);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), self.1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::source::RawTensor;
+    use half::f16;
+
+    /// Deterministic bytes for `rows` rows of `dtype` with finite f16 scales.
+    fn blocks(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let n = rows * dtype.bytes_for(cols).unwrap();
+        let mut s = seed;
+        let mut b: Vec<u8> = (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 56) as u8
+            })
+            .collect();
+        // Overwrite each block's f16 fields with small finite scales.
+        let (bb, scale_at): (usize, &[usize]) = match dtype {
+            DType::Q8_0 => (34, &[0]),
+            DType::Q4_0 => (18, &[0]),
+            DType::Q4_1 => (20, &[0, 2]),
+            DType::Q4K => (144, &[0, 2]),
+            DType::Q6K => (210, &[208]),
+            _ => unreachable!(),
+        };
+        for (i, blk) in b.chunks_exact_mut(bb).enumerate() {
+            for (k, &at) in scale_at.iter().enumerate() {
+                let v = f16::from_f32(0.01 + 0.003 * ((i + k) % 7) as f32 * if k == 1 { -1.0 } else { 1.0 });
+                blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    fn input(tokens: usize, cols: usize) -> Vec<f32> {
+        (0..tokens * cols).map(|i| ((i as f32) * 0.37).sin() * (1.0 + (i % 13) as f32 * 0.1)).collect()
+    }
+
+    /// The dot products in f64 of the dequantized weights, and the bound
+    /// f32 summation over `cols` terms can stray from them.
+    fn check_against_f64(y: &[f32], x: &[f32], w: &[f32], tokens: usize, rows: usize, cols: usize) {
+        for t in 0..tokens {
+            for o in 0..rows {
+                let terms = (0..cols).map(|i| w[o * cols + i] as f64 * x[t * cols + i] as f64);
+                let want: f64 = terms.clone().sum();
+                let mag: f64 = terms.map(f64::abs).sum();
+                let got = y[t * rows + o] as f64;
+                assert!((got - want).abs() <= 1e-6 * mag + 1e-30, "t {t} o {o}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_block_type_matches_f64_of_its_dequantized_weights_on_every_build() {
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K, DType::Q6K] {
+            let (rows, cols) = (37, 512);
+            let bytes = blocks(dtype, rows, cols, 7);
+            let raw = RawTensor { name: "w".into(), dtype, shape: vec![rows, cols], bytes: &bytes };
+            let w = raw.to_f32().unwrap();
+            for tokens in [1, 3, 4, 6] {
+                let x = input(tokens, cols);
+                let run = |build: Build, w: StoredRows<'_>| {
+                    let mut y = vec![f32::NAN; tokens * rows];
+                    matvec_with(build, &mut y, &x, tokens, w, (rows, cols));
+                    y
+                };
+                let y = run(Build::Portable, StoredRows::Blocks(dtype, &bytes));
+                check_against_f64(&y, &x, &w, tokens, rows, cols);
+                for build in Build::available() {
+                    // The same bits on every build, and the same chains as
+                    // the f32 weights the blocks decode to.
+                    assert_eq!(y, run(build, StoredRows::Blocks(dtype, &bytes)), "{dtype:?} {build:?} tokens {tokens}");
+                    assert_eq!(y, run(build, StoredRows::F32(&w)), "{dtype:?} {build:?} f32 tokens {tokens}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_rows_with_a_tail_match_f64_on_every_build() {
+        let (rows, cols, tokens) = (19, 100, 5);
+        let w = input(rows, cols);
+        let x = input(tokens, cols).iter().map(|v| v * 0.5 - 0.1).collect::<Vec<_>>();
+        let mut y = vec![f32::NAN; tokens * rows];
+        matvec_with(Build::Portable, &mut y, &x, tokens, StoredRows::F32(&w), (rows, cols));
+        check_against_f64(&y, &x, &w, tokens, rows, cols);
+        for build in Build::available() {
+            let mut yb = vec![f32::NAN; tokens * rows];
+            matvec_with(build, &mut yb, &x, tokens, StoredRows::F32(&w), (rows, cols));
+            assert_eq!(y, yb, "{build:?}");
+        }
+    }
+
+    #[test]
+    fn thread_count_and_token_grouping_change_no_bit() {
+        let (rows, cols) = (300, 256);
+        let bytes = blocks(DType::Q4_1, rows, cols, 3);
+        let x = input(6, cols);
+        let run = |threads: usize, tokens: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut y = vec![0.0; tokens * rows];
+            pool.install(|| matvec(&mut y, &x[..tokens * cols], tokens, StoredRows::Blocks(DType::Q4_1, &bytes), (rows, cols)));
+            y
+        };
+        let one = run(1, 6);
+        assert_eq!(one, run(3, 6));
+        // Token 5 alone equals token 5 in a pass of two (4 + 2).
+        let mut last = vec![0.0; rows];
+        matvec(&mut last, &x[5 * cols..], 1, StoredRows::Blocks(DType::Q4_1, &bytes), (rows, cols));
+        assert_eq!(&one[5 * rows..], &last[..]);
+    }
+}
