@@ -27,6 +27,7 @@
 use crate::ops::activation::{exp, exp_shifted, simd_fn};
 use crate::ops::softmax::{lane_max, lane_sum};
 use crate::ops::matmul::matmul_unpacked_columns;
+use crate::ops::quant_matvec::{matvec, StoredRows};
 use crate::ops::SharedMut;
 use rayon::prelude::*;
 
@@ -104,6 +105,21 @@ unsafe fn gemm(
     b: (*const f32, usize, usize),
     c: (*mut f32, usize, usize),
 ) {
+    // Decoding's scores: a few queries against keys read sideways in the
+    // cache (each column of b is one key's contiguous row): dot products,
+    // not a packed product that would copy the whole cache per call.
+    if m > 0 && k > 0 && n > 0 && m <= DOT_MAX_QUERIES && a.2 == 1 && b.1 == 1 && c.1 == n && c.2 == 1 {
+        // SAFETY: as below; b's n rows of k values are b.2 apart.
+        unsafe {
+            let lhs = std::slice::from_raw_parts(a.0, (m - 1) * a.1 + k);
+            let lhs: Vec<f32> = (0..m).flat_map(|r| lhs[r * a.1..r * a.1 + k].iter().copied()).collect();
+            let keys = std::slice::from_raw_parts(b.0, (n - 1) * b.2 + k);
+            let out = std::slice::from_raw_parts_mut(c.0, m * n);
+            matvec(out, &lhs, m, StoredRows::F32Strided(keys, b.2), (n, k));
+            out.iter_mut().for_each(|v| *v *= alpha);
+        }
+        return;
+    }
     if m > 0 && k > 0 && n > 0 && b.2 == 1 && c.2 == 1 {
         // SAFETY: the last index each operand reads is inside its
         // allocation (the caller's contract); `c` rows are `c.1` apart.
@@ -118,6 +134,10 @@ unsafe fn gemm(
         matrixmultiply::sgemm(m, k, n, alpha, a.0, a.1 as isize, a.2 as isize, b.0, b.1 as isize, b.2 as isize, 0.0, c.0, c.1 as isize, c.2 as isize);
     }
 }
+
+/// Up to this many queries, scores against keys read in place are dot
+/// products ([`matvec`]).
+const DOT_MAX_QUERIES: usize = 4;
 
 /// From this many queries on, the forward reads keys through a transposed
 /// copy ([`heads_transposed`]); the backward (training: as many queries as

@@ -36,6 +36,9 @@ const TOKENS_PER_PASS: usize = 4;
 pub enum StoredRows<'a> {
     /// Plain f32, row-major.
     F32(&'a [f32]),
+    /// Plain f32 rows `stride` values apart (attention's keys, read in
+    /// the cache where every key holds all key/value heads).
+    F32Strided(&'a [f32], usize),
     /// Whole rows of GGML blocks of a quantized type.
     Blocks(DType, &'a [u8]),
 }
@@ -57,10 +60,15 @@ pub fn matvec(y: &mut [f32], x: &[f32], tokens: usize, w: StoredRows<'_>, dims: 
 fn matvec_with(build: Build, y: &mut [f32], x: &[f32], tokens: usize, w: StoredRows<'_>, (rows, cols): (usize, usize)) {
     assert_eq!(x.len(), tokens * cols, "matvec input");
     assert_eq!(y.len(), tokens * rows, "matvec output");
+    // Distance between rows: values, or bytes of blocks.
     let row_len = match w {
         StoredRows::F32(v) => {
             assert_eq!(v.len(), rows * cols, "matvec f32 weight");
             cols
+        }
+        StoredRows::F32Strided(v, stride) => {
+            assert!(stride >= cols && rows.checked_sub(1).map_or(true, |r| v.len() >= r * stride + cols), "matvec strided weight");
+            stride
         }
         StoredRows::Blocks(dtype, bytes) => {
             assert!(reads_blocks(dtype), "matvec cannot read {dtype:?}");
@@ -81,6 +89,7 @@ fn matvec_with(build: Build, y: &mut [f32], x: &[f32], tokens: usize, w: StoredR
         let n = yt.len() / tokens;
         let w = match w {
             StoredRows::F32(v) => StoredRows::F32(&v[first * row_len..(first + n) * row_len]),
+            StoredRows::F32Strided(v, stride) => StoredRows::F32Strided(&v[first * stride..(first + n - 1) * stride + cols], stride),
             StoredRows::Blocks(d, b) => StoredRows::Blocks(d, &b[first * row_len..(first + n) * row_len]),
         };
         for t0 in (0..tokens).step_by(TOKENS_PER_PASS) {
@@ -106,7 +115,7 @@ struct Out<'a> {
 impl Out<'_> {
     /// Closes row `o`'s lane chains for each token.
     #[inline(always)]
-    fn row<const T: usize>(&mut self, o: usize, acc: &[[f32; LANES]; T]) {
+    fn row<const T: usize>(&mut self, o: usize, acc: &[[f32; WIDTH]; T]) {
         for (t, a) in acc.iter().enumerate() {
             self.yt[o * self.stride + self.t0 + t] = lane_tree(a);
         }
@@ -190,6 +199,8 @@ impl Build {
 trait Lanes: Copy {
     unsafe fn zero() -> Self;
     unsafe fn splat(v: f32) -> Self;
+    /// The f16 of these little-endian bytes, exactly in f32, in every lane.
+    unsafe fn splat_f16(b: [u8; 2]) -> Self;
     /// 16 values from `p`.
     unsafe fn load(p: *const f32) -> Self;
     /// `a * b + c`, rounded once.
@@ -215,6 +226,10 @@ impl Lanes for Portable {
     #[inline(always)]
     unsafe fn splat(v: f32) -> Self {
         Portable([v; LANES])
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(b: [u8; 2]) -> Self {
+        Portable([f16::from_le_bytes(b).to_f32(); LANES])
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
@@ -263,144 +278,192 @@ unsafe fn pass_tokens<V: Lanes>(out: Out<'_>, x: &[f32], n_tok: usize, w: Stored
 #[inline(always)]
 unsafe fn pass<V: Lanes, const T: usize>(mut out: Out<'_>, x: &[f32], w: StoredRows<'_>, cols: usize) {
     let xp = x.as_ptr();
-    let rows = |row_len: usize| -> usize {
-        match w {
-            StoredRows::F32(v) => v.len() / row_len,
-            StoredRows::Blocks(_, b) => b.len() / row_len,
-        }
-    };
     match w {
-        StoredRows::F32(v) => {
-            for o in 0..rows(cols) {
-                let acc = f32_row::<V, T>(&v[o * cols..(o + 1) * cols], x, cols);
-                out.row(o, &acc);
-            }
-        }
+        StoredRows::F32(v) => f32_rows::<V, T>(&mut out, xp, v, cols, cols),
+        StoredRows::F32Strided(v, stride) => f32_rows::<V, T>(&mut out, xp, v, stride, cols),
         StoredRows::Blocks(dtype, bytes) => {
             let row_bytes = dtype.bytes_for(cols).expect("whole blocks");
-            for o in 0..rows(row_bytes) {
-                let row = &bytes[o * row_bytes..(o + 1) * row_bytes];
-                let mut acc = [V::zero(); T];
+            for (o, row) in bytes.chunks_exact(row_bytes).enumerate() {
+                let mut acc = Chains::<V, T>::new(xp, cols);
                 match dtype {
-                    DType::Q4_1 => each_block::<20, 32>(row, |b, blk| q4_1::<V, T>(blk, xp.add(b * 32), cols, &mut acc)),
-                    DType::Q4_0 => each_block::<18, 32>(row, |b, blk| q4_0::<V, T>(blk, xp.add(b * 32), cols, &mut acc)),
-                    DType::Q8_0 => each_block::<34, 32>(row, |b, blk| q8_0::<V, T>(blk, xp.add(b * 32), cols, &mut acc)),
-                    DType::Q4K => each_block::<144, 256>(row, |b, blk| {
-                        let mut w = [0.0; 256];
-                        decode_q4_k(blk, &mut w);
-                        decoded::<V, T, 256>(&w, xp.add(b * 256), cols, &mut acc)
-                    }),
-                    DType::Q6K => each_block::<210, 256>(row, |b, blk| {
-                        let mut w = [0.0; 256];
-                        decode_q6_k(blk, &mut w);
-                        decoded::<V, T, 256>(&w, xp.add(b * 256), cols, &mut acc)
-                    }),
+                    DType::Q4_1 => blocks_32::<V, T, 20>(&mut acc, row, q4_1::<V>),
+                    DType::Q4_0 => blocks_32::<V, T, 18>(&mut acc, row, q4_0::<V>),
+                    DType::Q8_0 => blocks_32::<V, T, 34>(&mut acc, row, q8_0::<V>),
+                    DType::Q4K => blocks_256::<V, T, 144>(&mut acc, row, decode_q4_k),
+                    DType::Q6K => blocks_256::<V, T, 210>(&mut acc, row, decode_q6_k),
                     DType::F32 | DType::F16 | DType::BF16 => unreachable!("matvec checked the type"),
                 }
-                out.row(o, &stored(&acc));
+                out.row(o, &acc.sums());
             }
         }
     }
 }
 
-/// Calls `f(index, block)` for each `B`-byte block of a row (`L` values each).
+/// Every f32 row (`stride` apart) of `v` against `T` token rows at `xp`.
 #[inline(always)]
-fn each_block<const B: usize, const L: usize>(row: &[u8], mut f: impl FnMut(usize, &[u8; B])) {
-    for (b, blk) in row.chunks_exact(B).enumerate() {
-        f(b, blk.try_into().expect("B-byte block"));
+unsafe fn f32_rows<V: Lanes, const T: usize>(out: &mut Out<'_>, xp: *const f32, v: &[f32], stride: usize, cols: usize) {
+    let rows = (v.len() + stride - cols) / stride;
+    for o in 0..rows {
+        let mut acc = Chains::<V, T>::new(xp, cols);
+        f32_row(&mut acc, &v[o * stride..o * stride + cols]);
+        out.row(o, &acc.sums());
     }
 }
 
+/// Independent multiply-add chains per output (a fused multiply-add waits
+/// for the previous one on its chain; four chains keep the unit busy).
+const CHAINS: usize = 4;
+/// Partial sums per output: chain `c`, lane `l` holds the products of
+/// elements `64 g + 16 c + l`.
+const WIDTH: usize = CHAINS * LANES;
+
+/// The chains of `T` outputs of one weight row, walking the row 16
+/// elements (a chunk) at a time: chunk `j` feeds chain `j % 4`.
+struct Chains<V, const T: usize> {
+    acc: [[V; CHAINS]; T],
+    /// Token 0's input at the current chunk; token `t`'s is `cols` further.
+    x: *const f32,
+    cols: usize,
+}
+
+impl<V: Lanes, const T: usize> Chains<V, T> {
+    #[inline(always)]
+    unsafe fn new(x: *const f32, cols: usize) -> Self {
+        Chains { acc: [[V::zero(); CHAINS]; T], x, cols }
+    }
+
+    /// Adds chunk `w` to chain `c` (a constant at every call site, so the
+    /// chains stay in registers), then moves to the next chunk.
+    #[inline(always)]
+    unsafe fn chunk(&mut self, c: usize, w: V) {
+        for (t, chains) in self.acc.iter_mut().enumerate() {
+            chains[c] = V::mul_add(w, V::load(self.x.add(t * self.cols)), chains[c]);
+        }
+        self.x = self.x.add(LANES);
+    }
+
+    /// Adds chunk `w` to chain `j % 4` for a `j` known only at run time.
+    #[inline(always)]
+    unsafe fn chunk_at(&mut self, j: usize, w: V) {
+        match j % CHAINS {
+            0 => self.chunk(0, w),
+            1 => self.chunk(1, w),
+            2 => self.chunk(2, w),
+            _ => self.chunk(3, w),
+        }
+    }
+
+    /// Each output's partial sums, chain by chain.
+    #[inline(always)]
+    unsafe fn sums(&self) -> [[f32; WIDTH]; T] {
+        let mut out = [[0.0; WIDTH]; T];
+        for (o, chains) in out.iter_mut().zip(&self.acc) {
+            for (c, v) in chains.iter().enumerate() {
+                v.store((&mut o[c * LANES..(c + 1) * LANES]).try_into().expect("16 lanes"));
+            }
+        }
+        out
+    }
+}
+
+/// A row of 32-value blocks of `B` bytes, each decoded by `decode` into its
+/// two chunks; two blocks fill the four chains.
 #[inline(always)]
-fn f16_bits(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+unsafe fn blocks_32<V: Lanes, const T: usize, const B: usize>(acc: &mut Chains<V, T>, row: &[u8], decode: unsafe fn(&[u8; B]) -> (V, V)) {
+    let mut pairs = row.chunks_exact(2 * B);
+    for pair in &mut pairs {
+        let (w0, w1) = decode(pair[..B].try_into().expect("B bytes"));
+        let (w2, w3) = decode(pair[B..].try_into().expect("B bytes"));
+        acc.chunk(0, w0);
+        acc.chunk(1, w1);
+        acc.chunk(2, w2);
+        acc.chunk(3, w3);
+    }
+    if let Ok(last) = pairs.remainder().try_into() {
+        let (w0, w1) = decode(last);
+        acc.chunk(0, w0);
+        acc.chunk(1, w1);
+    }
+}
+
+/// A row of 256-value blocks of `B` bytes, decoded to f32 by the
+/// dequantizer's own block decoder, then fed as sixteen chunks.
+#[inline(always)]
+unsafe fn blocks_256<V: Lanes, const T: usize, const B: usize>(acc: &mut Chains<V, T>, row: &[u8], decode: fn(&[u8; B], &mut [f32; 256])) {
+    let mut w = [0.0f32; 256];
+    for blk in row.chunks_exact(B) {
+        decode(blk.try_into().expect("B bytes"), &mut w);
+        for g in 0..256 / WIDTH {
+            for c in 0..CHAINS {
+                acc.chunk(c, V::load(w.as_ptr().add(g * WIDTH + c * LANES)));
+            }
+        }
+    }
+}
+
+/// An f32 row: whole chunks, then a tail shorter than 16 padded with zeros
+/// (its products add exactly nothing).
+#[inline(always)]
+unsafe fn f32_row<V: Lanes, const T: usize>(acc: &mut Chains<V, T>, row: &[f32]) {
+    let mut groups = row.chunks_exact(WIDTH);
+    for g in &mut groups {
+        for c in 0..CHAINS {
+            acc.chunk(c, V::load(g.as_ptr().add(c * LANES)));
+        }
+    }
+    let rest = groups.remainder();
+    let mut chunks = rest.chunks_exact(LANES);
+    let mut j = 0;
+    for ch in &mut chunks {
+        acc.chunk_at(j, V::load(ch.as_ptr()));
+        j += 1;
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        // The input's tail is padded the same way: copy both.
+        let mut w = [0.0f32; LANES];
+        w[..tail.len()].copy_from_slice(tail);
+        let mut xs = [[0.0f32; LANES]; T];
+        for (t, xt) in xs.iter_mut().enumerate() {
+            xt[..tail.len()].copy_from_slice(std::slice::from_raw_parts(acc.x.add(t * acc.cols), tail.len()));
+        }
+        let w = V::load(w.as_ptr());
+        let c = j % CHAINS;
+        for (t, chains) in acc.acc.iter_mut().enumerate() {
+            chains[c] = V::mul_add(w, V::load(xs[t].as_ptr()), chains[c]);
+        }
+    }
 }
 
 /// Q4_1 `x = d nibble + m` (as `decode_q4_1`: product, then sum).
 #[inline(always)]
-unsafe fn q4_1<V: Lanes, const T: usize>(blk: &[u8; 20], x: *const f32, cols: usize, acc: &mut [V; T]) {
-    let (d, m) = (V::splat(f16_bits(blk, 0)), V::splat(f16_bits(blk, 2)));
+unsafe fn q4_1<V: Lanes>(blk: &[u8; 20]) -> (V, V) {
+    let (d, m) = (V::splat_f16([blk[0], blk[1]]), V::splat_f16([blk[2], blk[3]]));
     let (lo, hi) = V::nibbles(blk.as_ptr().add(4));
-    two_chunks(V::add(V::mul(d, lo), m), V::add(V::mul(d, hi), m), x, cols, acc);
+    (V::add(V::mul(d, lo), m), V::add(V::mul(d, hi), m))
 }
 
 /// Q4_0 `x = d (nibble - 8)` (the subtraction is exact in f32).
 #[inline(always)]
-unsafe fn q4_0<V: Lanes, const T: usize>(blk: &[u8; 18], x: *const f32, cols: usize, acc: &mut [V; T]) {
-    let (d, minus_8) = (V::splat(f16_bits(blk, 0)), V::splat(-8.0));
+unsafe fn q4_0<V: Lanes>(blk: &[u8; 18]) -> (V, V) {
+    let (d, minus_8) = (V::splat_f16([blk[0], blk[1]]), V::splat(-8.0));
     let (lo, hi) = V::nibbles(blk.as_ptr().add(2));
-    two_chunks(V::mul(d, V::add(lo, minus_8)), V::mul(d, V::add(hi, minus_8)), x, cols, acc);
+    (V::mul(d, V::add(lo, minus_8)), V::mul(d, V::add(hi, minus_8)))
 }
 
 /// Q8_0 `x = q d`.
 #[inline(always)]
-unsafe fn q8_0<V: Lanes, const T: usize>(blk: &[u8; 34], x: *const f32, cols: usize, acc: &mut [V; T]) {
-    let d = V::splat(f16_bits(blk, 0));
-    let (a, b) = (V::i8s(blk.as_ptr().add(2)), V::i8s(blk.as_ptr().add(18)));
-    two_chunks(V::mul(a, d), V::mul(b, d), x, cols, acc);
+unsafe fn q8_0<V: Lanes>(blk: &[u8; 34]) -> (V, V) {
+    let d = V::splat_f16([blk[0], blk[1]]);
+    (V::mul(V::i8s(blk.as_ptr().add(2)), d), V::mul(V::i8s(blk.as_ptr().add(18)), d))
 }
 
-/// A 32-value block's two lane chunks into each token's chains.
+/// The partial sums' total by a fixed halving tree: `a[i] += a[i + h]` for
+/// `h = 32, 16, 8, 4, 2, 1`.
 #[inline(always)]
-unsafe fn two_chunks<V: Lanes, const T: usize>(w0: V, w1: V, x: *const f32, cols: usize, acc: &mut [V; T]) {
-    for (t, a) in acc.iter_mut().enumerate() {
-        let xt = x.add(t * cols);
-        *a = V::mul_add(w0, V::load(xt), *a);
-        *a = V::mul_add(w1, V::load(xt.add(LANES)), *a);
-    }
-}
-
-/// A block already decoded to f32 (`L` values) into each token's chains.
-#[inline(always)]
-unsafe fn decoded<V: Lanes, const T: usize, const L: usize>(w: &[f32; L], x: *const f32, cols: usize, acc: &mut [V; T]) {
-    for c in 0..L / LANES {
-        let wc = V::load(w.as_ptr().add(c * LANES));
-        for (t, a) in acc.iter_mut().enumerate() {
-            *a = V::mul_add(wc, V::load(x.add(t * cols + c * LANES)), *a);
-        }
-    }
-}
-
-/// One f32 row against `T` token rows; a tail shorter than 16 is padded
-/// with zeros (their products add exactly nothing).
-#[inline(always)]
-unsafe fn f32_row<V: Lanes, const T: usize>(row: &[f32], x: &[f32], cols: usize) -> [[f32; LANES]; T] {
-    let mut acc = [V::zero(); T];
-    let body = cols / LANES * LANES;
-    for c in (0..body).step_by(LANES) {
-        let wc = V::load(row.as_ptr().add(c));
-        for (t, a) in acc.iter_mut().enumerate() {
-            *a = V::mul_add(wc, V::load(x.as_ptr().add(t * cols + c)), *a);
-        }
-    }
-    if body < cols {
-        let mut w_tail = [0.0f32; LANES];
-        w_tail[..cols - body].copy_from_slice(&row[body..]);
-        let wc = V::load(w_tail.as_ptr());
-        for (t, a) in acc.iter_mut().enumerate() {
-            let mut x_tail = [0.0f32; LANES];
-            x_tail[..cols - body].copy_from_slice(&x[t * cols + body..(t + 1) * cols]);
-            *a = V::mul_add(wc, V::load(x_tail.as_ptr()), *a);
-        }
-    }
-    stored(&acc)
-}
-
-#[inline(always)]
-unsafe fn stored<V: Lanes, const T: usize>(acc: &[V; T]) -> [[f32; LANES]; T] {
-    let mut out = [[0.0; LANES]; T];
-    for (o, a) in out.iter_mut().zip(acc) {
-        a.store(o);
-    }
-    out
-}
-
-/// The lanes' sum by a fixed halving tree: `a[l] += a[l + h]` for
-/// `h = 8, 4, 2, 1`.
-#[inline(always)]
-fn lane_tree(a: &[f32; LANES]) -> f32 {
+fn lane_tree(a: &[f32; WIDTH]) -> f32 {
     let mut a = *a;
-    let mut h = LANES / 2;
+    let mut h = WIDTH / 2;
     while h > 0 {
         for l in 0..h {
             a[l] += a[l + h];
@@ -426,6 +489,12 @@ mod x86 {
         pass_tokens::<Avx2>(out, x, n_tok, w, cols)
     }
 
+    /// F16C's conversion (exact, like `half`'s, without its run-time check).
+    #[inline(always)]
+    unsafe fn f16_to_f32(b: [u8; 2]) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(b) as i32)))
+    }
+
     #[derive(Clone, Copy)]
     struct Avx512(__m512);
 
@@ -437,6 +506,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn splat(v: f32) -> Self {
             Avx512(_mm512_set1_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn splat_f16(b: [u8; 2]) -> Self {
+            Avx512(_mm512_set1_ps(f16_to_f32(b)))
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self {
@@ -483,6 +556,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn splat(v: f32) -> Self {
             Avx2(_mm256_set1_ps(v), _mm256_set1_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn splat_f16(b: [u8; 2]) -> Self {
+            Self::splat(f16_to_f32(b))
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self {
