@@ -2,6 +2,7 @@
 //! optionally with a user's LoRA adapter (PEFT directory or llama.cpp GGUF
 //! file) applied beside the frozen weights; the prompt wrapped in the
 //! model's chat template, output streamed as it is produced.
+use super::args::{finite, fraction, non_negative, usize_in, MAX_TOKENS};
 use crate::lora::Adapter;
 use crate::model::assistant::{Assistant, Request};
 use crate::model::chat::Message;
@@ -21,20 +22,21 @@ pub struct Args {
     /// A LoRA adapter: a PEFT directory or a llama.cpp `.gguf` adapter.
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// Multiplies the adapter's own scaling (alpha / r).
-    #[arg(long, default_value_t = 1.0, requires = "adapter")]
+    /// Multiplies the adapter's own scaling (alpha / r); finite.
+    #[arg(long, default_value_t = 1.0, requires = "adapter", value_parser = finite)]
     adapter_scale: f32,
     /// The user message (or the raw prompt with --raw).
     #[arg(long)]
     prompt: String,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 128)]
+    /// Most tokens to generate, >= 1; with the prompt they must fit the
+    /// model's max_position_embeddings.
+    #[arg(long, default_value_t = 128, value_parser = usize_in(1..=MAX_TOKENS))]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature, finite and >= 0; 0 is greedy.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
     temperature: f32,
-    /// Nucleus sampling mass.
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling mass, in (0, 1].
+    #[arg(long, default_value_t = 1.0, value_parser = fraction)]
     top_p: f32,
     /// Seed of the sampling stream.
     #[arg(long, default_value_t = 0)]
@@ -59,6 +61,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let prompt = if args.raw { assistant.raw_prompt(&args.prompt)? } else { assistant.chat_prompt(&[Message::new("user", &args.prompt)])? };
+    let positions = ckpt.config.max_position_embeddings;
+    if prompt.len() + args.max_tokens > positions {
+        let msg = format!("{} with a {}-token prompt exceeds the model's {positions} positions (max_position_embeddings)", args.max_tokens, prompt.len());
+        return Err(crate::Error::invalid("--max-tokens", msg).into());
+    }
     let req = Request {
         prompt,
         max_tokens: args.max_tokens,
