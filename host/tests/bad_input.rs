@@ -269,3 +269,21 @@ fn a_nan_in_the_weights_is_named_when_the_loss_is_not_finite() {
     let out = run(train_on(&model, &token_data(dir.path()), &dir.path().join("run")).args(["--steps", "1"]));
     refused(&out, &[name, "element 3", "non-finite"]);
 }
+
+#[test]
+fn eval_keeps_its_result_files_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = support::root().join("tests/fixtures/hyper/lamp/quotes-tag");
+    let eval = |extra: &[&str]| {
+        let mut cmd = support::hexlora();
+        cmd.arg("eval").arg("--bench").arg(&bench).args(["--split", "train", "--train-split", "none", "--method", "majority-user", "--out"]);
+        run(cmd.arg(dir.path()).args(extra))
+    };
+    assert!(eval(&[]).status.success());
+    let result = dir.path().join("quotes-tag-majority-user-train-T0.json");
+    std::fs::write(&result, "mine").unwrap();
+    refused(&eval(&[]), &["--out", "quotes-tag-majority-user-train-T0.json", "--force"]);
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "mine");
+    assert!(eval(&["--force"]).status.success());
+    refused(&eval(&["--temperature=nan"]), &["--temperature"]);
+}

@@ -133,6 +133,12 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
     anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
     let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
     let model = Arc::new(EvalModel::open(path)?);
+    let positions = model.model.config.max_position_embeddings;
+    for (flag, v) in [("--max-len", m.max_len), ("--max-new-tokens", args.max_new_tokens)] {
+        if v >= positions {
+            return Err(crate::Error::invalid(flag, format!("{v} leaves no room in the model's {positions} positions (max_position_embeddings)")).into());
+        }
+    }
     let cfg = ModelMethodConfig {
         icl_k: m.icl_k,
         max_prompt_chars: m.max_prompt_chars,
