@@ -153,6 +153,14 @@ fn outputs_no_commit_owns_are_not_overwritten_without_force() {
     // Now a commit owns them: the same command resumes (nothing left to do).
     let again = run(train(&data, &run_dir).args(["--steps", "1", "--resume"]));
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    // The nightly job refuses the same way, before planning or writing routes.json.
+    let fresh = dir.path().join("nightly");
+    std::fs::create_dir_all(fresh.join("adapter")).unwrap();
+    let mut personalize = support::hexlora();
+    personalize.arg("personalize").arg("--model").arg(llama().join("model")).arg("--data").arg(&data).arg("--out").arg(&fresh);
+    personalize.args(["--device", "cpu", "--no-plan-cache", "--quiet", "--rank", "2", "--steps", "1"]);
+    refused(&run(&mut personalize), &["--out", "adapter", "--force"]);
+    assert!(!fresh.join("routes.json").exists());
     // An --out that cannot be a directory is refused before training.
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();

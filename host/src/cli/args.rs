@@ -1,6 +1,7 @@
 //! Argument groups shared by the training commands (`#[command(flatten)]`),
-//! and the one device vocabulary of every command that can put frozen
-//! products on the DSP.
+//! the value parsers every numeric option is checked with when parsed (its
+//! help states the rule), and the one device vocabulary of every command
+//! that can put frozen products on the DSP.
 use crate::lora::LoraConfig;
 use crate::npu::TransportKind;
 use crate::optim::adamw::AdamWConfig;
@@ -22,10 +23,10 @@ pub fn u64_in(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<u64>
     RangedU64ValueParser::new().range(range)
 }
 
-/// An `f32` that passes `ok`, else the rule `rule` in the error.
-fn f32_where(s: &str, rule: &str, ok: impl Fn(f32) -> bool) -> Result<f32, String> {
-    let v: f32 = s.trim().parse().map_err(|_| format!("{s:?} is not a number ({rule})"))?;
-    if v.is_finite() && ok(v) {
+/// A finite number that passes `ok`, else the rule `rule` in the error.
+fn number_where<T: std::str::FromStr + Into<f64> + Copy>(s: &str, rule: &str, ok: impl Fn(T) -> bool) -> Result<T, String> {
+    let v: T = s.trim().parse().map_err(|_| format!("{s:?} is not a number ({rule})"))?;
+    if v.into().is_finite() && ok(v) {
         Ok(v)
     } else {
         Err(format!("{s} is not {rule}"))
@@ -34,32 +35,32 @@ fn f32_where(s: &str, rule: &str, ok: impl Fn(f32) -> bool) -> Result<f32, Strin
 
 /// A finite `f32` > 0 (learning rates, alpha, perturbation scales).
 pub fn positive(s: &str) -> Result<f32, String> {
-    f32_where(s, "a finite number > 0", |v| v > 0.0)
+    number_where(s, "a finite number > 0", |v| v > 0.0)
 }
 
 /// A finite `f32` >= 0 (weight decay, clipping norm, temperature).
 pub fn non_negative(s: &str) -> Result<f32, String> {
-    f32_where(s, "a finite number >= 0", |v| v >= 0.0)
+    number_where(s, "a finite number >= 0", |v| v >= 0.0)
 }
 
 /// A finite `f32` (a sign is meaningful, e.g. a scale).
 pub fn finite(s: &str) -> Result<f32, String> {
-    f32_where(s, "a finite number", |_| true)
+    number_where(s, "a finite number", |_| true)
 }
 
 /// A probability in [0, 1) (dropout).
 pub fn probability(s: &str) -> Result<f32, String> {
-    f32_where(s, "a probability in [0, 1)", |v| (0.0..1.0).contains(&v))
+    number_where(s, "a probability in [0, 1)", |v| (0.0..1.0).contains(&v))
 }
 
 /// A fraction in (0, 1] (nucleus mass).
 pub fn fraction(s: &str) -> Result<f32, String> {
-    f32_where(s, "a fraction in (0, 1]", |v| v > 0.0 && v <= 1.0)
+    number_where(s, "a fraction in (0, 1]", |v| v > 0.0 && v <= 1.0)
 }
 
 /// Seconds as a finite `f64` > 0.
 pub fn seconds(s: &str) -> Result<f64, String> {
-    f32_where(s, "a finite number of seconds > 0", |v| v > 0.0).map(f64::from)
+    number_where(s, "a finite number of seconds > 0", |v: f64| v > 0.0)
 }
 
 /// Longest example, prompt or answer in tokens any option accepts; the
