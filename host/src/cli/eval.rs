@@ -1,6 +1,6 @@
 //! `hexlora eval`: run one method on one benchmark split, one result file
 //! per temperature of the sweep.
-use super::args::{non_negative, positive, usize_in, MAX_TOKENS};
+use super::args::{non_negative, positive, u64_in, usize_in, MAX_TOKENS};
 use crate::eval::baselines;
 use crate::eval::dataset::Split;
 use crate::eval::harness;
@@ -83,18 +83,18 @@ struct ModelArgs {
     /// LoRA target modules, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
     targets: Vec<String>,
-    /// Optimizer steps (one example each) of the common LoRA.
-    #[arg(long, default_value_t = 64)]
+    /// Optimizer steps (one example each) of the common LoRA, >= 1.
+    #[arg(long, default_value_t = 64, value_parser = u64_in(1..=u32::MAX as u64))]
     common_steps: u64,
     /// Peak learning rate of the common LoRA (cosine decay), finite and > 0.
     #[arg(long, default_value_t = 1e-3, value_parser = positive)]
     common_lr: f32,
-    /// Per-user steps (one profile example each), for user-lora and mezo.
-    #[arg(long, default_value_t = 8)]
+    /// Per-user steps (one profile example each), for user-lora and mezo, >= 1.
+    #[arg(long, default_value_t = 8, value_parser = u64_in(1..=u32::MAX as u64))]
     user_steps: u64,
     /// Per-user steps as this many epochs over each user's profile
     /// (overrides --user-steps; 0 = use --user-steps).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = u64_in(0..=1 << 20))]
     user_epochs: u64,
     /// Peak learning rate of per-user backprop, finite and > 0.
     #[arg(long, default_value_t = 5e-4, value_parser = positive)]

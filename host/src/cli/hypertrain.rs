@@ -34,8 +34,8 @@ pub struct Args {
     /// LoRA on its users, written to heldout.jsonl.
     #[arg(long)]
     dev_split: Option<String>,
-    /// Held-out users (the first N of --dev-split), 1 to 2^20.
-    #[arg(long, default_value_t = 8, value_parser = usize_in(1..=1 << 20))]
+    /// Held-out users (the first N of --dev-split), 0 to 2^20.
+    #[arg(long, default_value_t = 8, value_parser = usize_in(0..=1 << 20))]
     dev_users: usize,
     /// Evaluate the held-out loss every N steps (and before and after training), N >= 1.
     #[arg(long, default_value_t = 10, value_parser = u64_in(1..=u32::MAX as u64))]
