@@ -52,6 +52,12 @@ pub struct Args {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let positions = ckpt.config.max_position_embeddings;
+    let too_many = |room: String| Err(crate::Error::invalid("--max-tokens", format!("{} {room} in the model's {positions} positions (max_position_embeddings)", args.max_tokens)).into());
+    // A prompt holds at least one token: refused before the model is loaded.
+    if args.max_tokens >= positions {
+        return too_many("leaves no room for a prompt".into());
+    }
     let assistant = Assistant::load(&ckpt).with_context(|| format!("loading {}", args.model.display()))?;
     let adapter = match &args.adapter {
         Some(p) => {
@@ -61,10 +67,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let prompt = if args.raw { assistant.raw_prompt(&args.prompt)? } else { assistant.chat_prompt(&[Message::new("user", &args.prompt)])? };
-    let positions = ckpt.config.max_position_embeddings;
     if prompt.len() + args.max_tokens > positions {
-        let msg = format!("{} with a {}-token prompt exceeds the model's {positions} positions (max_position_embeddings)", args.max_tokens, prompt.len());
-        return Err(crate::Error::invalid("--max-tokens", msg).into());
+        return too_many(format!("does not fit after the {}-token prompt", prompt.len()));
     }
     let req = Request {
         prompt,
