@@ -278,8 +278,13 @@ fn a_nan_in_the_weights_is_named_when_the_loss_is_not_finite() {
     let start = 8 + header_len + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
     bytes[start + 12..start + 16].copy_from_slice(&f32::NAN.to_le_bytes());
     std::fs::write(&path, bytes).unwrap();
-    let out = run(train_on(&model, &token_data(dir.path()), &dir.path().join("run")).args(["--steps", "1"]));
+    let data = token_data(dir.path());
+    let out = run(train_on(&model, &data, &dir.path().join("run")).args(["--steps", "1"]));
     refused(&out, &[name, "element 3", "non-finite"]);
+    let mut personalize = support::hexlora();
+    personalize.arg("personalize").arg("--model").arg(&model).arg("--data").arg(&data).arg("--out").arg(dir.path().join("nightly"));
+    personalize.args(["--device", "cpu", "--no-plan-cache", "--quiet", "--rank", "2", "--steps", "1"]);
+    refused(&run(&mut personalize), &[name, "element 3", "non-finite"]);
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     let model = open_model(&args, &ckpt)?;
     adapter.check(&model.projections()).with_context(|| format!("adapter {}", args.adapter.display()))?;
-    let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true).map_err(|e| super::train::explain_non_finite(e.into(), &ckpt))?;
+    let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true).map_err(|e| super::train::explain_non_finite(e.into(), &args.model))?;
     let mut out = r.grads;
     out.tensors.insert("loss".into(), Tensor::from_vec(&[1], vec![r.loss])?);
     out.tensors.insert("logits".into(), r.logits.context("compute_grads returned no logits although they were requested")?);

@@ -116,9 +116,10 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
 /// Runs `hexlora personalize`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::install()?;
+    let model = args.training.data.model.clone();
     let prepared = job(args)?.prepare()?;
     print!("{}", prepared.describe());
-    let report = prepared.run(&stop)?;
+    let report = prepared.run(&stop).map_err(|e| super::train::explain_non_finite(e.into(), &model))?;
     print!("{}", report.console());
     Ok(())
 }

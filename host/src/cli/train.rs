@@ -86,7 +86,6 @@ fn peak_rss_mib() -> Option<f64> {
 
 /// The model, its examples and the run's configuration, opened once.
 struct Opened {
-    ckpt: Checkpoint,
     model: Box<dyn TrainableModel>,
     data: Vec<Batch>,
     eval: Option<Vec<Batch>>,
@@ -118,7 +117,7 @@ fn open(args: &Args) -> anyhow::Result<Opened> {
         }
         None => None,
     };
-    Ok(Opened { ckpt, model, data, eval, config, init })
+    Ok(Opened { model, data, eval, config, init })
 }
 
 /// Runs `hexlora train`.
@@ -146,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::train::trainer::commit_start(init, &o.config, &o.data, &args.out)?;
     }
     let started = std::time::Instant::now();
-    let (history, adapter, tokens_here) = train_with(&args, &o).map_err(|e| explain_non_finite(e, &o.ckpt))?;
+    let (history, adapter, tokens_here) = train_with(&args, &o).map_err(|e| explain_non_finite(e, &args.training.data.model))?;
     print_figures(&args, &history, tokens_here, started.elapsed().as_secs_f64());
     if let (Some(e), Some(before)) = (&o.eval, before) {
         println!("held-out loss: before {before:.4} after {:.4}", evaluate(&*o.model, &adapter, e)?);
@@ -190,14 +189,15 @@ fn train_with(args: &Args, o: &Opened) -> anyhow::Result<(Vec<StepRecord>, Adapt
     Ok((history, adapter, tokens))
 }
 
-/// A non-finite loss or gradient, with its cause when the model's weights
-/// hold one (the adapter, options and data are checked before training).
-pub(super) fn explain_non_finite(e: anyhow::Error, ckpt: &Checkpoint) -> anyhow::Error {
+/// A non-finite loss or gradient, with its cause when the weights of the
+/// model at `model` hold one (the adapter, options and data are checked
+/// before training; the weights are scanned only after this error).
+pub(super) fn explain_non_finite(e: anyhow::Error, model: &std::path::Path) -> anyhow::Error {
     if !matches!(e.downcast_ref::<crate::Error>(), Some(crate::Error::NonFinite(_))) {
         return e;
     }
-    match ckpt.first_non_finite() {
-        Some((name, i)) => e.context(format!("the model {} holds a NaN or infinity in tensor {name} (element {i})", ckpt.path.display())),
+    match Checkpoint::open(model).ok().and_then(|c| c.first_non_finite()) {
+        Some((name, i)) => e.context(format!("the model {} holds a NaN or infinity in tensor {name} (element {i})", model.display())),
         None => e,
     }
 }
