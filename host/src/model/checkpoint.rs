@@ -72,10 +72,10 @@ impl Checkpoint {
         }
     }
 
-    /// The first tensor holding a NaN or an infinity, and the element:
-    /// a scan of every weight, to explain a non-finite loss after the
-    /// fact rather than to run on every load.
-    /// Tensors that cannot be read are passed over.
+    /// The first tensor holding a NaN or an infinity, and the element: a
+    /// scan of every weight (tensors that cannot be read are passed over),
+    /// to explain a non-finite loss after the fact rather than to run on
+    /// every load.
     pub fn first_non_finite(&self) -> Option<(String, usize)> {
         let src = self.tensors();
         src.names().into_iter().find_map(|name| {

@@ -77,9 +77,9 @@ pub struct Prepared {
 
 impl NightlyJob {
     /// Reads the examples (checked against the model), takes the run
-    /// directory ([`claim_out_dir`]), connects to the DSP service, loads and plans the model
-    /// (routes written to `out/routes.json`), and finds any commit to
-    /// resume.
+    /// directory ([`claim_out_dir`]), connects to the DSP service, loads
+    /// and plans the model (routes written to `out/routes.json`), and
+    /// finds any commit to resume.
     pub fn prepare(self) -> Result<Prepared> {
         let ckpt = Checkpoint::open(&self.model)?;
         // Token-id JSONL needs no tokenizer; text JSONL fails clearly without one.

@@ -145,11 +145,13 @@ pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize, bounds
         let what = format!("{}:{}", path.display(), i + 1);
         let line = parse_line(raw, &what)?;
         let (mut ids, mut labels) = encode_line(line, enc, &what)?;
-        let beyond = |t: i64| t >= 0 && t as u64 >= bounds.vocab_size as u64;
-        for (field, list) in [("input_ids", ids.iter().map(|&t| t as i64).collect::<Vec<_>>()), ("labels", labels.clone())] {
-            if let Some((k, t)) = list.iter().enumerate().find(|(_, &t)| beyond(t)) {
-                return Err(Error::invalid(&what, format!("{field}[{k}] = {t} is beyond the model's vocabulary of {} ids", bounds.vocab_size)));
-            }
+        let vocab = bounds.vocab_size as i64;
+        let beyond = |field: &str, k: usize, t: i64| Err(Error::invalid(&what, format!("{field}[{k}] = {t} is beyond the model's vocabulary of {vocab} ids")));
+        if let Some(k) = ids.iter().position(|&t| t as i64 >= vocab) {
+            return beyond("input_ids", k, ids[k] as i64);
+        }
+        if let Some(k) = labels.iter().position(|&t| t >= vocab) {
+            return beyond("labels", k, labels[k]);
         }
         ids.truncate(max_len);
         labels.truncate(max_len);
