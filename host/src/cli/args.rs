@@ -1,6 +1,7 @@
 //! Argument groups shared by the training commands (`#[command(flatten)]`),
-//! and the one device vocabulary of every command that can put frozen
-//! products on the DSP.
+//! the value parsers every numeric option is checked with when parsed (its
+//! help states the rule), and the one device vocabulary of every command
+//! that can put frozen products on the DSP.
 use crate::lora::LoraConfig;
 use crate::npu::TransportKind;
 use crate::optim::adamw::AdamWConfig;
@@ -9,8 +10,62 @@ use crate::train::trainer::TrainConfig;
 use crate::hyper::{HeadVariant, WeightsDtype};
 use crate::lora::gguf_adapter::OutType;
 use crate::model::cpu_projection::FrozenDtype;
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::builder::{PossibleValue, PossibleValuesParser, RangedU64ValueParser, TypedValueParser};
 use std::path::{Path, PathBuf};
+
+/// A `usize` in `range` (clap names the option and the range on a bad value).
+pub fn usize_in(range: std::ops::RangeInclusive<u64>) -> impl TypedValueParser<Value = usize> {
+    RangedU64ValueParser::<u64>::new().range(range).map(|v| v as usize)
+}
+
+/// A number in `range` of `u64`.
+pub fn u64_in(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<u64> {
+    RangedU64ValueParser::new().range(range)
+}
+
+/// A finite number that passes `ok`, else the rule `rule` in the error.
+fn number_where<T: std::str::FromStr + Into<f64> + Copy>(s: &str, rule: &str, ok: impl Fn(T) -> bool) -> Result<T, String> {
+    let v: T = s.trim().parse().map_err(|_| format!("{s:?} is not a number ({rule})"))?;
+    if v.into().is_finite() && ok(v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not {rule}"))
+    }
+}
+
+/// A finite `f32` > 0 (learning rates, alpha, perturbation scales).
+pub fn positive(s: &str) -> Result<f32, String> {
+    number_where(s, "a finite number > 0", |v| v > 0.0)
+}
+
+/// A finite `f32` >= 0 (weight decay, clipping norm, temperature).
+pub fn non_negative(s: &str) -> Result<f32, String> {
+    number_where(s, "a finite number >= 0", |v| v >= 0.0)
+}
+
+/// A finite `f32` (a sign is meaningful, e.g. a scale).
+pub fn finite(s: &str) -> Result<f32, String> {
+    number_where(s, "a finite number", |_| true)
+}
+
+/// A probability in [0, 1) (dropout).
+pub fn probability(s: &str) -> Result<f32, String> {
+    number_where(s, "a probability in [0, 1)", |v| (0.0..1.0).contains(&v))
+}
+
+/// A fraction in (0, 1] (nucleus mass).
+pub fn fraction(s: &str) -> Result<f32, String> {
+    number_where(s, "a fraction in (0, 1]", |v| v > 0.0 && v <= 1.0)
+}
+
+/// Seconds as a finite `f64` > 0.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    number_where(s, "a finite number of seconds > 0", |v: f64| v > 0.0)
+}
+
+/// Longest example, prompt or answer in tokens any option accepts; the
+/// model's `max_position_embeddings` bounds it further once it is read.
+pub const MAX_TOKENS: u64 = 1 << 20;
 
 /// What every LoRA training command takes: model and data, adapter,
 /// optimizer.
@@ -40,8 +95,9 @@ pub struct DataArgs {
     /// JSONL: {"prompt","completion"}, {"messages"} or {"input_ids","labels"}.
     #[arg(long)]
     pub data: PathBuf,
-    /// Truncate examples to this many tokens.
-    #[arg(long, default_value_t = 512)]
+    /// Truncate examples to this many tokens (1 to 2^20; a longer example
+    /// must also fit the model's max_position_embeddings).
+    #[arg(long, default_value_t = 512, value_parser = usize_in(1..=MAX_TOKENS))]
     pub max_len: usize,
     /// Seed (data order, init, dropout).
     #[arg(long, default_value_t = 0)]
@@ -56,16 +112,16 @@ pub fn module_names(list: &[String]) -> Vec<String> {
 /// The LoRA adapter to train.
 #[derive(clap::Args)]
 pub struct LoraArgs {
-    /// LoRA rank.
-    #[arg(long, default_value_t = 16)]
+    /// LoRA rank, 1 to 4096.
+    #[arg(long, default_value_t = 16, value_parser = usize_in(1..=4096))]
     pub rank: usize,
-    /// LoRA alpha.
-    #[arg(long, default_value_t = 32.0)]
+    /// LoRA alpha, finite and > 0.
+    #[arg(long, default_value_t = 32.0, value_parser = positive)]
     pub alpha: f32,
-    /// LoRA dropout.
-    #[arg(long, default_value_t = 0.05)]
+    /// LoRA dropout, in [0, 1).
+    #[arg(long, default_value_t = 0.05, value_parser = probability)]
     pub dropout: f32,
-    /// Target modules, comma-separated.
+    /// Target modules, comma-separated; each must name projections of the model.
     #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
     pub targets: Vec<String>,
 }
@@ -87,33 +143,34 @@ impl LoraArgs {
 /// Optimizer steps, schedule and memory.
 #[derive(clap::Args)]
 pub struct OptimArgs {
-    /// Optimizer steps (default: one epoch).
-    #[arg(long)]
+    /// Optimizer steps, >= 1 (default: one epoch).
+    #[arg(long, value_parser = u64_in(1..=u32::MAX as u64))]
     pub steps: Option<u64>,
-    /// Examples per optimizer step.
-    #[arg(long, default_value_t = 1)]
+    /// Examples per optimizer step, from 1 to the number of examples.
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1..=1 << 20))]
     pub grad_accum: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 2e-4)]
+    /// Peak learning rate, finite and > 0.
+    #[arg(long, default_value_t = 2e-4, value_parser = positive)]
     pub lr: f32,
     /// Warm-up steps.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = u64_in(0..=u32::MAX as u64))]
     pub warmup: u64,
     /// Decay after warm-up.
     #[arg(long, value_parser = choices(DECAYS), default_value = "cosine")]
     pub schedule: Decay,
-    /// AdamW (and MeZO) weight decay [default: train 0, personalize 0.01].
-    #[arg(long)]
+    /// AdamW (and MeZO) weight decay, finite and >= 0 [default: train 0,
+    /// personalize 0.01].
+    #[arg(long, value_parser = non_negative)]
     pub weight_decay: Option<f32>,
-    /// Clip the gradient norm (0 = off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Clip the gradient norm (0 = off), finite and >= 0.
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     pub max_grad_norm: f32,
-    /// Activation memory cap in MiB (also bounded by MemAvailable).
-    #[arg(long)]
+    /// Activation memory cap in MiB, 1 to 2^30 (also bounded by MemAvailable).
+    #[arg(long, value_parser = u64_in(1..=1 << 30))]
     pub activation_cap_mb: Option<u64>,
-    /// Token rows per vocabulary-head chunk (peak memory of the loss)
-    /// [default: train 256, personalize 64].
-    #[arg(long)]
+    /// Token rows per vocabulary-head chunk (peak memory of the loss), 1 to
+    /// 2^20 [default: train 256, personalize 64].
+    #[arg(long, value_parser = usize_in(1..=MAX_TOKENS))]
     pub head_chunk: Option<usize>,
 }
 

@@ -1,5 +1,6 @@
 //! `hexlora eval`: run one method on one benchmark split, one result file
 //! per temperature of the sweep.
+use super::args::{non_negative, positive, u64_in, usize_in, MAX_TOKENS};
 use crate::eval::baselines;
 use crate::eval::dataset::Split;
 use crate::eval::harness;
@@ -40,11 +41,12 @@ pub struct Args {
     users: usize,
     #[command(flatten)]
     model: ModelArgs,
-    /// Temperatures of the sweep (0 = greedy; > 0 draws 10 samples per query).
-    #[arg(long, value_delimiter = ',', default_value = "0")]
+    /// Temperatures of the sweep, each finite and >= 0 (0 = greedy; > 0
+    /// draws 10 samples per query).
+    #[arg(long, value_delimiter = ',', default_value = "0", value_parser = non_negative)]
     temperature: Vec<f32>,
-    /// Generation length limit in tokens.
-    #[arg(long, default_value_t = 64)]
+    /// Generation length limit in tokens, 1 to 2^20.
+    #[arg(long, default_value_t = 64, value_parser = usize_in(1..=MAX_TOKENS))]
     max_new_tokens: usize,
     /// Base sampling seed.
     #[arg(long, default_value_t = 0)]
@@ -52,6 +54,9 @@ pub struct Args {
     /// Output directory; files are `<task>-<method>-<split>-T<t>.json`.
     #[arg(long)]
     out: PathBuf,
+    /// Overwrite result files already in --out.
+    #[arg(long)]
+    force: bool,
 }
 
 /// Settings of the model-backed methods.
@@ -61,44 +66,44 @@ struct ModelArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Profile items shown to `icl`.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1 << 16))]
     icl_k: usize,
-    /// Cut every prompt (query, profile item) to this many characters.
-    #[arg(long, default_value_t = 700)]
+    /// Cut every prompt (query, profile item) to this many characters (>= 1).
+    #[arg(long, default_value_t = 700, value_parser = usize_in(1..=1 << 30))]
     max_prompt_chars: usize,
-    /// Cut training sequences to this many tokens.
-    #[arg(long, default_value_t = 256)]
+    /// Cut training sequences to this many tokens, 1 to 2^20.
+    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=MAX_TOKENS))]
     max_len: usize,
-    /// LoRA rank of every adapter.
-    #[arg(long, default_value_t = 8)]
+    /// LoRA rank of every adapter, 1 to 4096.
+    #[arg(long, default_value_t = 8, value_parser = usize_in(1..=4096))]
     rank: usize,
-    /// LoRA alpha.
-    #[arg(long, default_value_t = 16.0)]
+    /// LoRA alpha, finite and > 0.
+    #[arg(long, default_value_t = 16.0, value_parser = positive)]
     alpha: f32,
     /// LoRA target modules, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
     targets: Vec<String>,
-    /// Optimizer steps (one example each) of the common LoRA.
-    #[arg(long, default_value_t = 64)]
+    /// Optimizer steps (one example each) of the common LoRA, >= 1.
+    #[arg(long, default_value_t = 64, value_parser = u64_in(1..=u32::MAX as u64))]
     common_steps: u64,
-    /// Peak learning rate of the common LoRA (cosine decay).
-    #[arg(long, default_value_t = 1e-3)]
+    /// Peak learning rate of the common LoRA (cosine decay), finite and > 0.
+    #[arg(long, default_value_t = 1e-3, value_parser = positive)]
     common_lr: f32,
-    /// Per-user steps (one profile example each), for user-lora and mezo.
-    #[arg(long, default_value_t = 8)]
+    /// Per-user steps (one profile example each), for user-lora and mezo, >= 1.
+    #[arg(long, default_value_t = 8, value_parser = u64_in(1..=u32::MAX as u64))]
     user_steps: u64,
     /// Per-user steps as this many epochs over each user's profile
     /// (overrides --user-steps; 0 = use --user-steps).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = u64_in(0..=1 << 20))]
     user_epochs: u64,
-    /// Peak learning rate of per-user backprop.
-    #[arg(long, default_value_t = 5e-4)]
+    /// Peak learning rate of per-user backprop, finite and > 0.
+    #[arg(long, default_value_t = 5e-4, value_parser = positive)]
     user_lr: f32,
-    /// MeZO learning rate.
-    #[arg(long, default_value_t = 1e-4)]
+    /// MeZO learning rate, finite and > 0.
+    #[arg(long, default_value_t = 1e-4, value_parser = positive)]
     mezo_lr: f32,
-    /// MeZO perturbation scale.
-    #[arg(long, default_value_t = 1e-2)]
+    /// MeZO perturbation scale, finite and > 0.
+    #[arg(long, default_value_t = 1e-2, value_parser = positive)]
     mezo_eps: f32,
     /// Use this PEFT adapter as the common LoRA instead of training one.
     #[arg(long)]
@@ -128,6 +133,12 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
     anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
     let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
     let model = Arc::new(EvalModel::open(path)?);
+    let positions = model.model.config.max_position_embeddings;
+    for (flag, v) in [("--max-len", m.max_len), ("--max-new-tokens", args.max_new_tokens)] {
+        if v >= positions {
+            return Err(crate::Error::invalid(flag, format!("{v} leaves no room in the model's {positions} positions (max_position_embeddings)")).into());
+        }
+    }
     let cfg = ModelMethodConfig {
         icl_k: m.icl_k,
         max_prompt_chars: m.max_prompt_chars,
@@ -170,6 +181,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).map_err(|e| crate::Error::io(&args.out, e))?;
     let decodings = Decoding::sweep(&args.temperature, args.max_new_tokens, args.seed);
     let mut method = method_by_name(&args.method, &args, &split.spec.name)?;
+    let result_path = |t: f32| args.out.join(format!("{}-{}-{}-T{t}.json", split.spec.name, method.name(), args.split));
+    if let Some(p) = args.temperature.iter().map(|&t| result_path(t)).find(|p| p.exists()).filter(|_| !args.force) {
+        return Err(crate::Error::invalid(format!("--out {}", args.out.display()), format!("already holds {}; pass --force to overwrite it, or choose another --out", p.display())).into());
+    }
     let results = harness::run_sweep(method.as_mut(), train.as_ref(), &split, &args.split, &decodings)?;
     for mut result in results {
         result.model = args.model.model.as_ref().map(|p| p.display().to_string());

@@ -2,6 +2,7 @@
 //! optionally with a user's LoRA adapter (PEFT directory or llama.cpp GGUF
 //! file) applied beside the frozen weights; the prompt wrapped in the
 //! model's chat template, output streamed as it is produced.
+use super::args::{finite, fraction, non_negative, usize_in, MAX_TOKENS};
 use crate::lora::Adapter;
 use crate::model::assistant::{Assistant, Request};
 use crate::model::chat::Message;
@@ -21,20 +22,21 @@ pub struct Args {
     /// A LoRA adapter: a PEFT directory or a llama.cpp `.gguf` adapter.
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// Multiplies the adapter's own scaling (alpha / r).
-    #[arg(long, default_value_t = 1.0, requires = "adapter")]
+    /// Multiplies the adapter's own scaling (alpha / r); finite.
+    #[arg(long, default_value_t = 1.0, requires = "adapter", value_parser = finite)]
     adapter_scale: f32,
     /// The user message (or the raw prompt with --raw).
     #[arg(long)]
     prompt: String,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 128)]
+    /// Most tokens to generate, >= 1; with the prompt they must fit the
+    /// model's max_position_embeddings.
+    #[arg(long, default_value_t = 128, value_parser = usize_in(1..=MAX_TOKENS))]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature, finite and >= 0; 0 is greedy.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
     temperature: f32,
-    /// Nucleus sampling mass.
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling mass, in (0, 1].
+    #[arg(long, default_value_t = 1.0, value_parser = fraction)]
     top_p: f32,
     /// Seed of the sampling stream.
     #[arg(long, default_value_t = 0)]
@@ -50,6 +52,12 @@ pub struct Args {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let positions = ckpt.config.max_position_embeddings;
+    let too_many = |room: String| Err(crate::Error::invalid("--max-tokens", format!("{} {room} in the model's {positions} positions (max_position_embeddings)", args.max_tokens)).into());
+    // A prompt holds at least one token: refused before the model is loaded.
+    if args.max_tokens >= positions {
+        return too_many("leaves no room for a prompt".into());
+    }
     let assistant = Assistant::load(&ckpt).with_context(|| format!("loading {}", args.model.display()))?;
     let adapter = match &args.adapter {
         Some(p) => {
@@ -59,6 +67,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let prompt = if args.raw { assistant.raw_prompt(&args.prompt)? } else { assistant.chat_prompt(&[Message::new("user", &args.prompt)])? };
+    if prompt.len() + args.max_tokens > positions {
+        return too_many(format!("does not fit after the {}-token prompt", prompt.len()));
+    }
     let req = Request {
         prompt,
         max_tokens: args.max_tokens,

@@ -21,6 +21,7 @@ use crate::model::source::RawTensor;
 use crate::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
 use crate::tensor::Tensor;
+use crate::train::data::Bounds;
 use crate::train::grad::compute_grads;
 use crate::train::graph::{Batch, GraphOptions, TrainableModel};
 use crate::Error;
@@ -70,11 +71,13 @@ struct Routes {
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let model = open_model(&args, &ckpt)?;
-    let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     let text = std::fs::read_to_string(&args.batch).with_context(|| args.batch.display().to_string())?;
     let batch: Batch = serde_json::from_str(&text).with_context(|| format!("{}: expected {{\"input_ids\": [[...]], \"labels\": [[...]]}}", args.batch.display()))?;
-    let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true)?;
+    Bounds::of(&ckpt.config).check(&batch, &args.batch.display().to_string())?;
+    let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
+    let model = open_model(&args, &ckpt)?;
+    adapter.check(&model.projections()).with_context(|| format!("adapter {}", args.adapter.display()))?;
+    let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true).map_err(|e| super::train::explain_non_finite(e.into(), &args.model))?;
     let mut out = r.grads;
     out.tensors.insert("loss".into(), Tensor::from_vec(&[1], vec![r.loss])?);
     out.tensors.insert("logits".into(), r.logits.context("compute_grads returned no logits although they were requested")?);

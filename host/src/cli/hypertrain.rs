@@ -2,8 +2,8 @@
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
 use crate::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
-use crate::train::learner::AfterStep;
-use super::args::{choices, module_names, HEAD_VARIANTS, WEIGHTS_DTYPES};
+use crate::train::learner::{claim_out_dir, AfterStep};
+use super::args::{choices, module_names, non_negative, positive, u64_in, usize_in, HEAD_VARIANTS, MAX_TOKENS, WEIGHTS_DTYPES};
 use crate::eval::lamp::read_lamp_dir;
 use crate::hyper::commit::HyperState;
 use crate::hyper::heldout::HeldOutSet;
@@ -34,15 +34,15 @@ pub struct Args {
     /// LoRA on its users, written to heldout.jsonl.
     #[arg(long)]
     dev_split: Option<String>,
-    /// Held-out users (the first N of --dev-split).
-    #[arg(long, default_value_t = 8)]
+    /// Held-out users (the first N of --dev-split), 0 to 2^20.
+    #[arg(long, default_value_t = 8, value_parser = usize_in(0..=1 << 20))]
     dev_users: usize,
-    /// Evaluate the held-out loss every N steps (and before and after training).
-    #[arg(long, default_value_t = 10)]
+    /// Evaluate the held-out loss every N steps (and before and after training), N >= 1.
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=u32::MAX as u64))]
     dev_every: u64,
     /// Cut every prompt (profile item, question) to this many characters,
-    /// as `hexlora eval --max-prompt-chars` does.
-    #[arg(long, default_value_t = 700)]
+    /// as `hexlora eval --max-prompt-chars` does (>= 1).
+    #[arg(long, default_value_t = 700, value_parser = usize_in(1..=1 << 30))]
     max_prompt_chars: usize,
     /// Users JSONL instead of --bench: {"user": ..., "examples": [{"query", "response"}, ...]}.
     #[arg(long)]
@@ -50,6 +50,9 @@ pub struct Args {
     /// Run directory: commit.safetensors, metrics.jsonl, loss.svg, hypernet/.
     #[arg(long)]
     out: PathBuf,
+    /// Overwrite outputs in --out that no commit owns.
+    #[arg(long)]
+    force: bool,
     /// Continue the run committed in --out.
     #[arg(long)]
     resume: bool,
@@ -57,43 +60,43 @@ pub struct Args {
     #[arg(long)]
     common_lora: Option<PathBuf>,
     /// Stage 1a (SimCSE) steps.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = u64_in(0..=u32::MAX as u64))]
     simcse_steps: u64,
     /// Stage 1b (end-to-end) steps.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = u64_in(0..=u32::MAX as u64))]
     steps: u64,
-    /// Users per step.
-    #[arg(long, default_value_t = 4)]
+    /// Users per step, 1 to 2^16.
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1..=1 << 16))]
     users_per_step: usize,
-    /// Scored examples per user in stage 1b (the rest is context).
-    #[arg(long, default_value_t = 2)]
+    /// Scored examples per user in stage 1b (the rest is context), 1 to 2^16.
+    #[arg(long, default_value_t = 2, value_parser = usize_in(1..=1 << 16))]
     target_examples: usize,
-    /// Weight of the KL to the ICL teacher (0 = off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Weight of the KL to the ICL teacher (0 = off), finite and >= 0.
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     kl_weight: f32,
-    /// Stage 1b peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    /// Stage 1b peak learning rate, finite and > 0.
+    #[arg(long, default_value_t = 1e-3, value_parser = positive)]
     lr: f32,
-    /// Stage 1a peak learning rate.
-    #[arg(long, default_value_t = 1e-4)]
+    /// Stage 1a peak learning rate, finite and > 0.
+    #[arg(long, default_value_t = 1e-4, value_parser = positive)]
     simcse_lr: f32,
     /// Warm-up steps per stage.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = u64_in(0..=u32::MAX as u64))]
     warmup: u64,
-    /// Clip the gradient norm (0 = off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Clip the gradient norm (0 = off), finite and >= 0.
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     max_grad_norm: f32,
-    /// Embedder LoRA rank.
-    #[arg(long, default_value_t = 8)]
+    /// Embedder LoRA rank, 1 to 4096.
+    #[arg(long, default_value_t = 8, value_parser = usize_in(1..=4096))]
     embed_rank: usize,
-    /// Generated LoRA rank.
-    #[arg(long, default_value_t = 4)]
+    /// Generated LoRA rank, 1 to 4096.
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1..=4096))]
     out_rank: usize,
-    /// Generated LoRA alpha.
-    #[arg(long, default_value_t = 8.0)]
+    /// Generated LoRA alpha, finite and > 0.
+    #[arg(long, default_value_t = 8.0, value_parser = positive)]
     out_alpha: f32,
-    /// Head bottleneck width k.
-    #[arg(long, default_value_t = 16)]
+    /// Head bottleneck width k, 1 to 4096.
+    #[arg(long, default_value_t = 16, value_parser = usize_in(1..=4096))]
     bottleneck: usize,
     /// Parallel heads or the shared trunk.
     #[arg(long, value_parser = choices(HEAD_VARIANTS), default_value = "parallel")]
@@ -101,11 +104,11 @@ pub struct Args {
     /// Modules of the generated LoRA, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "q_proj,k_proj,v_proj,o_proj")]
     targets: Vec<String>,
-    /// Context token budget.
-    #[arg(long, default_value_t = 512)]
+    /// Context token budget, 1 to 2^20 (and the model's positions).
+    #[arg(long, default_value_t = 512, value_parser = usize_in(1..=MAX_TOKENS))]
     context_tokens: usize,
-    /// Target example length cap.
-    #[arg(long, default_value_t = 256)]
+    /// Target example length cap, 1 to 2^20 (and the model's positions).
+    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=MAX_TOKENS))]
     max_len: usize,
     /// Seed (init, user sampling, dropout).
     #[arg(long, default_value_t = 0)]
@@ -113,8 +116,8 @@ pub struct Args {
     /// Recompute every layer in the backward (less memory).
     #[arg(long)]
     recompute: bool,
-    /// Commit the run every N steps (a commit is 3x the network: weights and Adam moments).
-    #[arg(long, default_value_t = 1)]
+    /// Commit the run every N steps, N >= 1 (a commit is 3x the network: weights and Adam moments).
+    #[arg(long, default_value_t = 1, value_parser = u64_in(1..=u32::MAX as u64))]
     commit_every: u64,
     /// Store the final hypernet/ weights as f16 (half the size; synthesis
     /// changes within the bound tested in tests/hyper_weights_dtype.rs).
@@ -182,10 +185,20 @@ fn train_config(args: &Args) -> HyperTrainConfig {
 
 /// Runs `hexlora hypertrain`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.simcse_steps + args.steps == 0 {
+        return Err(crate::Error::invalid("--steps", "0 with --simcse-steps 0: nothing to train").into());
+    }
+    let (users, dev) = users_of(&args)?;
+    claim_out_dir(&args.out, &["hypernet", "metrics.jsonl", "loss.svg", "heldout.jsonl"], args.force)?;
     let ckpt = Checkpoint::open(&args.model)?;
+    let positions = ckpt.config.max_position_embeddings;
+    for (flag, v) in [("--max-len", args.max_len), ("--context-tokens", args.context_tokens)] {
+        if v > positions {
+            return Err(crate::Error::invalid(flag, format!("{v} is more than the model's {positions} positions (max_position_embeddings)")).into());
+        }
+    }
     let model = DecoderGraph::load(ckpt.tensors(), ckpt.config.clone())?;
     let text = ModelText::of(&ckpt)?;
-    let (users, dev) = users_of(&args)?;
     let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
     let fresh = HyperNet::init(hyper_config(&args, common.as_ref()), &model, common.as_ref(), args.seed)?;
     let train = train_config(&args);

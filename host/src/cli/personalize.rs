@@ -23,6 +23,10 @@ pub struct Args {
     /// Run directory (a rerun resumes from its last commit).
     #[arg(long, default_value = "runs/personalize")]
     out: PathBuf,
+    /// Overwrite outputs in --out that no commit owns (an adapter, metrics
+    /// or a plot from elsewhere).
+    #[arg(long)]
+    force: bool,
     /// Where frozen products run.
     #[arg(long, value_enum, alias = "transport", default_value = "dsp")]
     device: Device,
@@ -50,8 +54,8 @@ pub struct Args {
     /// Thermal status command (Android default: `dumpsys thermalservice`).
     #[arg(long)]
     thermal_command: Option<String>,
-    /// Seconds between thermal readings while paused.
-    #[arg(long, default_value_t = 30.0)]
+    /// Seconds between thermal readings while paused, finite and > 0.
+    #[arg(long, default_value_t = 30.0, value_parser = super::args::seconds)]
     pacing_poll: f64,
     /// Powercap root for RAPL energy counters.
     #[arg(long, default_value = "/sys/class/powercap")]
@@ -104,6 +108,7 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
         data: args.training.data.data,
         max_len: args.training.data.max_len,
         out: args.out,
+        force: args.force,
         train,
     })
 }
@@ -111,9 +116,10 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
 /// Runs `hexlora personalize`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::install()?;
+    let model = args.training.data.model.clone();
     let prepared = job(args)?.prepare()?;
     print!("{}", prepared.describe());
-    let report = prepared.run(&stop)?;
+    let report = prepared.run(&stop).map_err(|e| super::train::explain_non_finite(e.into(), &model))?;
     print!("{}", report.console());
     Ok(())
 }

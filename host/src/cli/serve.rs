@@ -21,9 +21,10 @@ pub struct Args {
     /// Requests that may wait behind the one being answered (more get 429).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096))]
     queue: u64,
-    /// Prompt plus answer tokens one request may use.
-    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
-    ctx_size: u64,
+    /// Prompt plus answer tokens one request may use, at most the model's
+    /// max_position_embeddings [default: 2048, or the model's positions if fewer].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    ctx_size: Option<u64>,
     /// `max_tokens` for requests that give none.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     max_tokens: u64,
@@ -42,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         host: args.host,
         port: args.port,
         queue: args.queue as usize,
-        ctx_size: args.ctx_size as usize,
+        ctx_size: args.ctx_size.map(|c| c as usize),
         default_max_tokens: args.max_tokens as usize,
     })?;
     Ok(())

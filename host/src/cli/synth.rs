@@ -3,6 +3,8 @@
 //! hypernetwork files are not needed afterwards.
 use crate::hyper::users::{load_pairs, render_context};
 use crate::hyper::HyperNet;
+use crate::lora::peft::{CONFIG_FILE, WEIGHTS_FILE};
+use crate::train::learner::claim_out_dir;
 use crate::model::checkpoint::Checkpoint;
 use crate::model::llama::DecoderGraph;
 use crate::train::text_encoder::ModelText;
@@ -22,6 +24,9 @@ pub struct Args {
     /// Adapter directory to write (PEFT format).
     #[arg(long)]
     out: PathBuf,
+    /// Overwrite an adapter already in --out.
+    #[arg(long)]
+    force: bool,
     /// Model (default: the one recorded in hypernet.json).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -46,6 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = ModelText::of(&ckpt)?;
     let net = HyperNet::load(&args.hypernet, &model)?;
     let pairs = load_pairs(&args.context)?;
+    claim_out_dir(&args.out, &[CONFIG_FILE, WEIGHTS_FILE], args.force)?;
     let loaded = start.elapsed().as_secs_f64();
     let synth_start = Instant::now();
     let refs: Vec<_> = pairs.iter().collect();

@@ -1,15 +1,15 @@
 //! `hexlora train`: LoRA fine-tuning from JSONL into a PEFT adapter, with
 //! commits after every optimizer step and `--resume`.
-use super::args::{choices, OptimDefaults, TrainingArgs, FROZEN_DTYPES};
+use super::args::{choices, positive, OptimDefaults, TrainingArgs, FROZEN_DTYPES};
 use crate::lora::{Adapter, LoraConfig};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::cpu_projection::FrozenDtype;
 use crate::optim::mezo::Mezo;
 use crate::train::commit::{StepRecord, TrainState};
-use crate::train::data::{load_jsonl, Encoder};
+use crate::train::data::{load_jsonl, Bounds, Encoder};
 use crate::train::graph::{Batch, TrainableModel};
 use crate::train::grad::evaluate;
-use crate::train::learner::AfterStep;
+use crate::train::learner::{claim_out_dir, AfterStep, ADAPTER_RUN_OUTPUTS};
 use crate::train::mezo_loop::{self, train_mezo, MezoConfig, MezoState};
 use crate::train::text_encoder::ModelText;
 use crate::train::trainer::{train, RunOptions, TrainConfig};
@@ -27,6 +27,10 @@ pub struct Args {
     /// Run directory: commit.safetensors, metrics.jsonl, loss.svg, adapter/.
     #[arg(long)]
     out: PathBuf,
+    /// Overwrite outputs in --out that no commit owns (an adapter, metrics
+    /// or a plot from elsewhere).
+    #[arg(long)]
+    force: bool,
     /// Held-out JSONL (same forms as --data): its loss is reported before
     /// and after training.
     #[arg(long)]
@@ -42,8 +46,8 @@ pub struct Args {
     /// adamw (backprop) or mezo (forward-only SPSA, the baseline).
     #[arg(long, value_enum, default_value_t = Optimizer::Adamw)]
     optimizer: Optimizer,
-    /// MeZO perturbation scale.
-    #[arg(long, default_value_t = 1e-3)]
+    /// MeZO perturbation scale, finite and > 0.
+    #[arg(long, default_value_t = 1e-3, value_parser = positive)]
     mezo_eps: f32,
     /// No progress bar.
     #[arg(long)]
@@ -96,11 +100,13 @@ fn open(args: &Args) -> anyhow::Result<Opened> {
     // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
     let text = ModelText::of(&ckpt).ok();
     let enc = text.as_ref().map(|t| t as &dyn Encoder);
-    let (data, skipped) = load_jsonl(&d.data, enc, d.max_len)?;
+    let bounds = Bounds::of(&ckpt.config);
+    let (data, skipped) = load_jsonl(&d.data, enc, d.max_len, bounds)?;
     if skipped > 0 {
         eprintln!("skipped {skipped} examples with no completion tokens left after truncation");
     }
-    let eval = args.eval_data.as_ref().map(|p| load_jsonl(p, enc, d.max_len).map(|r| r.0)).transpose()?;
+    let eval = args.eval_data.as_ref().map(|p| load_jsonl(p, enc, d.max_len, bounds).map(|r| r.0)).transpose()?;
+    crate::train::trainer::check_grad_accum(args.training.optim.grad_accum, data.len())?;
     let mut config = args.training.config(data.len(), &DEFAULTS);
     let init = match &args.init_adapter {
         Some(p) => {
@@ -120,6 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::autograd::profile::enable();
     }
     let o = open(&args)?;
+    claim_out_dir(&args.out, ADAPTER_RUN_OUTPUTS, args.force)?;
     let before = match &o.eval {
         Some(e) => {
             let start = match &o.init {
@@ -138,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::train::trainer::commit_start(init, &o.config, &o.data, &args.out)?;
     }
     let started = std::time::Instant::now();
-    let (history, adapter, tokens_here) = train_with(&args, &o)?;
+    let (history, adapter, tokens_here) = train_with(&args, &o).map_err(|e| explain_non_finite(e, &args.training.data.model))?;
     print_figures(&args, &history, tokens_here, started.elapsed().as_secs_f64());
     if let (Some(e), Some(before)) = (&o.eval, before) {
         println!("held-out loss: before {before:.4} after {:.4}", evaluate(&*o.model, &adapter, e)?);
@@ -180,6 +187,19 @@ fn train_with(args: &Args, o: &Opened) -> anyhow::Result<(Vec<StepRecord>, Adapt
         }
     };
     Ok((history, adapter, tokens))
+}
+
+/// A non-finite loss or gradient, with its cause when the weights of the
+/// model at `model` hold one (the adapter, options and data are checked
+/// before training; the weights are scanned only after this error).
+pub(super) fn explain_non_finite(e: anyhow::Error, model: &std::path::Path) -> anyhow::Error {
+    if !matches!(e.downcast_ref::<crate::Error>(), Some(crate::Error::NonFinite(_))) {
+        return e;
+    }
+    match Checkpoint::open(model).ok().and_then(|c| c.first_non_finite()) {
+        Some((name, i)) => e.context(format!("the model {} holds a NaN or infinity in tensor {name} (element {i})", model.display())),
+        None => e,
+    }
 }
 
 /// Steps, last loss and throughput.

@@ -68,10 +68,20 @@ impl LoraConfig {
             }
         }
         let r = v.get("r").and_then(Value::as_u64).filter(|&r| r > 0).ok_or_else(|| bad("field r must be a positive integer".into()))?;
-        let alpha = v.get("lora_alpha").and_then(Value::as_f64).unwrap_or(8.0) as f32;
-        let dropout = v.get("lora_dropout").and_then(Value::as_f64).unwrap_or(0.0) as f32;
+        if r > 4096 {
+            return Err(bad(format!("field r is {r}, more than 4096")));
+        }
+        // PEFT's default alpha is 8; a present value must be a number.
+        let alpha = match v.get("lora_alpha") {
+            None | Some(Value::Null) => 8.0,
+            Some(a) => a.as_f64().map(|a| a as f32).filter(|a| a.is_finite() && *a > 0.0).ok_or_else(|| bad(format!("field lora_alpha must be a finite number > 0, got {a}")))?,
+        };
+        let dropout = match v.get("lora_dropout") {
+            None | Some(Value::Null) => 0.0,
+            Some(d) => d.as_f64().ok_or_else(|| bad(format!("field lora_dropout must be a number, got {d}")))? as f32,
+        };
         if !(0.0..1.0).contains(&dropout) {
-            return Err(bad(format!("lora_dropout {dropout} is outside [0, 1)")));
+            return Err(bad(format!("field lora_dropout {dropout} is outside [0, 1)")));
         }
         let target_modules = match v.get("target_modules") {
             Some(Value::Array(a)) => a
@@ -81,6 +91,9 @@ impl LoraConfig {
             Some(Value::String(s)) => return Err(Error::Unsupported(format!("{what}: regex target_modules {s:?}"))),
             _ => return Err(bad("missing target_modules".into())),
         };
+        if target_modules.is_empty() {
+            return Err(bad("field target_modules is empty".into()));
+        }
         for (flag, ok) in [("use_dora", false), ("fan_in_fan_out", false)] {
             if v.get(flag).and_then(Value::as_bool).unwrap_or(ok) != ok {
                 return Err(Error::Unsupported(format!("{what}: {flag} = true")));

@@ -237,6 +237,7 @@ mod tests {
             gdn: None,
             prefix: "model.".into(),
             eos_token_ids: vec![],
+            max_position_embeddings: 64,
         }
     }
 

@@ -46,6 +46,7 @@ impl Adapter {
     /// PEFT's default initialisation for every targeted projection: `A` from
     /// kaiming-uniform with `a = sqrt(5)` (uniform in `±1/sqrt(in)`), `B = 0`.
     pub fn init(config: LoraConfig, projections: &[ProjectionInfo], seed: u64) -> Result<Adapter> {
+        check_targets(&config, projections)?;
         let r = config.r;
         let modules: Vec<LoraModule> = projections
             .iter()
@@ -144,6 +145,12 @@ impl Adapter {
     /// its widths at the adapter's rank, and that every factor is finite.
     pub fn check<'a>(&self, projections: impl IntoIterator<Item = &'a ProjectionInfo>) -> Result<()> {
         let by_name: std::collections::HashMap<&str, &ProjectionInfo> = projections.into_iter().map(|p| (p.name.as_str(), p)).collect();
+        let mut infos: Vec<ProjectionInfo> = by_name.values().map(|&p| p.clone()).collect();
+        infos.sort_by(|a, b| a.name.cmp(&b.name));
+        check_targets(&self.config, &infos)?;
+        if self.modules.is_empty() {
+            return Err(Error::invalid("adapter", "holds no LoRA factors"));
+        }
         let r = self.config.r;
         for m in &self.modules {
             let info = by_name
@@ -172,6 +179,21 @@ impl Adapter {
     pub fn module(&self, name: &str) -> Option<&LoraModule> {
         self.modules.iter().find(|m| m.name == name)
     }
+}
+
+/// Every entry of `config.target_modules` must name projections of the
+/// model (PEFT's rule, [`LoraConfig::targets`]): an unknown name is a typo
+/// that would otherwise be dropped without a word.
+fn check_targets(config: &LoraConfig, projections: &[ProjectionInfo]) -> Result<()> {
+    let matches = |t: &str, p: &ProjectionInfo| p.name == t || p.name.ends_with(&format!(".{t}"));
+    let Some(unknown) = config.target_modules.iter().find(|t| !projections.iter().any(|p| matches(t, p))) else {
+        return Ok(());
+    };
+    let mut known: Vec<&str> = projections.iter().map(|p| p.name.rsplit('.').next().unwrap_or(&p.name)).collect();
+    known.sort_unstable();
+    known.dedup();
+    let msg = format!("{unknown:?} (--targets, or target_modules of an adapter config) names no projection of the model (it has {})", known.join(", "));
+    Err(Error::invalid("target module", msg))
 }
 
 /// Sort key: layer number numerically, then name (file order is alphabetical,

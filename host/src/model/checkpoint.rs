@@ -72,6 +72,18 @@ impl Checkpoint {
         }
     }
 
+    /// The first tensor holding a NaN or an infinity, and the element: a
+    /// scan of every weight (tensors that cannot be read are passed over),
+    /// to explain a non-finite loss after the fact rather than to run on
+    /// every load.
+    pub fn first_non_finite(&self) -> Option<(String, usize)> {
+        let src = self.tensors();
+        src.names().into_iter().find_map(|name| {
+            let values = src.get(&name).and_then(|raw| raw.to_f32()).ok()?;
+            values.iter().position(|v| !v.is_finite()).map(|i| (name, i))
+        })
+    }
+
     /// The tokenizer the checkpoint carries.
     pub fn tokenizer(&self) -> Result<Tokenizer> {
         match &self.source {

@@ -98,6 +98,39 @@ pub struct ModelConfig {
     pub prefix: String,
     /// End-of-sequence token ids (generation stops on any).
     pub eos_token_ids: Vec<u32>,
+    /// Positions the model was trained for (`max_position_embeddings`,
+    /// GGUF `context_length`; [`DEFAULT_POSITIONS`] when the file has none):
+    /// no prompt, example or answer may be longer.
+    pub max_position_embeddings: usize,
+}
+
+/// Positions assumed when a checkpoint does not say how many it holds.
+pub const DEFAULT_POSITIONS: usize = 8192;
+
+/// Bounds on the sizes a checkpoint may declare, checked before anything is
+/// allocated from them (a corrupt `num_hidden_layers` of 10^7 would
+/// otherwise cost gigabytes before the missing tensors are noticed).
+pub mod limits {
+    /// Decoder layers.
+    pub const LAYERS: usize = 1024;
+    /// Residual width, MLP width, head width.
+    pub const WIDTH: usize = 1 << 18;
+    /// Attention heads (query or key/value).
+    pub const HEADS: usize = 1024;
+    /// Vocabulary rows.
+    pub const VOCAB: usize = 1 << 22;
+    /// Positions.
+    pub const POSITIONS: usize = 1 << 24;
+}
+
+/// `n` decoder layers as read from `field`, checked against
+/// [`limits::LAYERS`] before any per-layer vector is built.
+pub fn check_layers(n: usize, field: &str) -> Result<usize> {
+    if (1..=limits::LAYERS).contains(&n) {
+        Ok(n)
+    } else {
+        Err(Error::invalid("model config", format!("{field} is {n}; it must be 1 to {}", limits::LAYERS)))
+    }
 }
 
 /// Field access with errors that name the field.
@@ -188,7 +221,7 @@ impl ModelConfig {
         let hidden_size = f.usize("hidden_size")?;
         let n_head = f.usize("num_attention_heads")?;
         let head_dim = f.usize_or("head_dim", hidden_size / n_head)?;
-        let num_layers = f.usize("num_hidden_layers")?;
+        let num_layers = check_layers(f.usize("num_hidden_layers")?, "num_hidden_layers")?;
         let (rope_theta, rope_scaling, partial) = rope_from_json(json)?;
         let rotary_dim = (head_dim as f64 * partial) as usize;
         let layer_types = match arch {
@@ -224,6 +257,7 @@ impl ModelConfig {
             gdn,
             prefix: prefix.into(),
             eos_token_ids: eos_from_json(json),
+            max_position_embeddings: f.usize_or("max_position_embeddings", DEFAULT_POSITIONS)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -264,7 +298,7 @@ impl ModelConfig {
         let qwen35 = if arch == Arch::Qwen35 { Some(TextShape::from_gguf(g)?) } else { None };
         let num_layers = match &qwen35 {
             Some(s) => s.num_layers,
-            None => g.get_u32(&key("block_count"))? as usize,
+            None => check_layers(g.get_u32(&key("block_count"))? as usize, &key("block_count"))?,
         };
         let tied = !g.tensor_infos().iter().any(|t| t.name == "output.weight");
         let eos = g.get_u32("tokenizer.ggml.eos_token_id").ok().into_iter().collect();
@@ -296,6 +330,10 @@ impl ModelConfig {
             gdn: qwen35.as_ref().map(|s| s.gdn),
             prefix: "model.".into(),
             eos_token_ids: eos,
+            max_position_embeddings: match g.value(&key("context_length")) {
+                Some(_) => g.get_u32(&key("context_length"))? as usize,
+                None => DEFAULT_POSITIONS,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -304,6 +342,28 @@ impl ModelConfig {
     /// Cross-field checks: heads divide evenly, rotary fits the head.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::invalid("model config", msg));
+        check_layers(self.num_layers, "the layer count")?;
+        let sizes = [
+            ("vocab_size", self.vocab_size, limits::VOCAB),
+            ("hidden_size", self.hidden_size, limits::WIDTH),
+            ("intermediate_size", self.intermediate_size, limits::WIDTH),
+            ("head_dim", self.head_dim, limits::WIDTH),
+            ("num_attention_heads", self.n_head, limits::HEADS),
+            ("num_key_value_heads", self.n_kv_head, limits::HEADS),
+            ("max_position_embeddings", self.max_position_embeddings, limits::POSITIONS),
+        ];
+        for (field, v, max) in sizes {
+            if !(1..=max).contains(&v) {
+                return bad(format!("{field} is {v}; it must be 1 to {max}"));
+            }
+        }
+        if let Some(g) = &self.gdn {
+            for (field, v) in [("linear_num_key_heads", g.n_k_head), ("linear_num_value_heads", g.n_v_head), ("linear_key_head_dim", g.k_dim), ("linear_value_head_dim", g.v_dim)] {
+                if !(1..=limits::WIDTH).contains(&v) {
+                    return bad(format!("{field} is {v}; it must be 1 to {}", limits::WIDTH));
+                }
+            }
+        }
         if self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
             return bad(format!("num_attention_heads {} is not a multiple of num_key_value_heads {}", self.n_head, self.n_kv_head));
         }

@@ -16,12 +16,12 @@ use super::split_model::{load_split, resident_table, DspSide, SplitModel};
 use crate::model::checkpoint::Checkpoint;
 use crate::npu::{NpuClient, NpuOptions, PrecisionPolicy, TransportKind};
 use crate::train::commit::TrainState;
-use crate::train::data::{load_jsonl, Encoder};
+use crate::train::data::{load_jsonl, Bounds, Encoder};
 use crate::train::graph::Batch;
-use crate::train::learner::StepHooks;
+use crate::train::learner::{claim_out_dir, StepHooks, ADAPTER_RUN_OUTPUTS};
 use crate::train::text_encoder::ModelText;
-use crate::train::trainer::{epoch_steps, train, RunOptions, TrainConfig};
-use crate::{Error, Result};
+use crate::train::trainer::{check_grad_accum, epoch_steps, train, RunOptions, TrainConfig};
+use crate::Result;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +35,8 @@ pub struct NightlyJob {
     pub data: PathBuf,
     /// Run directory; a rerun resumes from its last commit.
     pub out: PathBuf,
+    /// Overwrite outputs in `out` that no commit owns.
+    pub force: bool,
     /// Examples are cut to this many tokens.
     pub max_len: usize,
     /// Where frozen products go: `None` keeps them all on the CPU.
@@ -74,23 +76,25 @@ pub struct Prepared {
 }
 
 impl NightlyJob {
-    /// Connects to the DSP service, loads and plans the model (routes
-    /// written to `out/routes.json`), reads the examples, and finds any
-    /// commit to resume.
+    /// Reads the examples (checked against the model), takes the run
+    /// directory ([`claim_out_dir`]), connects to the DSP service, loads
+    /// and plans the model (routes written to `out/routes.json`), and
+    /// finds any commit to resume.
     pub fn prepare(self) -> Result<Prepared> {
+        let ckpt = Checkpoint::open(&self.model)?;
+        // Token-id JSONL needs no tokenizer; text JSONL fails clearly without one.
+        let text = ModelText::of(&ckpt).ok();
+        let (data, skipped) = load_jsonl(&self.data, text.as_ref().map(|t| t as &dyn Encoder), self.max_len, Bounds::of(&ckpt.config))?;
+        check_grad_accum(self.train.grad_accum, data.len())?;
+        claim_out_dir(&self.out, ADAPTER_RUN_OUTPUTS, self.force)?;
         let side = match self.transport {
             None => DspSide::Cpu,
             Some(kind) => DspSide::Npu { client: NpuClient::connect(kind, &NpuOptions::default())?, policy: self.policy },
         };
         let cache = self.plan_cache.as_deref().map_or_else(PlanCache::disabled, PlanCache::open);
-        let ckpt = Checkpoint::open(&self.model)?;
         let split = load_split(&ckpt, &side, Arc::new(self.buckets.clone()), !self.fuse, &cache)?;
         split.state.set_synchronous(!self.overlap);
-        std::fs::create_dir_all(&self.out).map_err(|e| Error::io(&self.out, e))?;
         split.routes.write(&self.out)?;
-        // Token-id JSONL needs no tokenizer; text JSONL fails clearly without one.
-        let text = ModelText::of(&ckpt).ok();
-        let (data, skipped) = load_jsonl(&self.data, text.as_ref().map(|t| t as &dyn Encoder), self.max_len)?;
         let mut config = self.train.clone();
         config.schedule.total = self.steps.unwrap_or(epoch_steps(data.len(), config.grad_accum));
         let resume = TrainState::load(&self.out)?.is_some();

@@ -37,15 +37,27 @@ pub struct Config {
     pub port: u16,
     /// Requests that may wait behind the one being answered.
     pub queue: usize,
-    /// Prompt plus answer tokens per request.
-    pub ctx_size: usize,
+    /// Prompt plus answer tokens per request (`None`: [`DEFAULT_CTX_SIZE`],
+    /// or the model's positions if fewer); at most the model's positions.
+    pub ctx_size: Option<usize>,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: usize,
 }
 
+/// Prompt plus answer tokens per request unless `--ctx-size` says.
+pub const DEFAULT_CTX_SIZE: usize = 2048;
+
 /// Loads the model and adapters, serves until SIGTERM/SIGINT, drains.
 pub fn run(config: Config) -> Result<()> {
     let ckpt = Checkpoint::open(&config.model)?;
+    let positions = ckpt.config.max_position_embeddings;
+    let ctx_size = match config.ctx_size {
+        Some(c) if c > positions => {
+            return Err(Error::invalid("--ctx-size", format!("{c} is more than the model's {positions} positions (max_position_embeddings)")));
+        }
+        Some(c) => c,
+        None => DEFAULT_CTX_SIZE.min(positions),
+    };
     let assistant = Arc::new(Assistant::load(&ckpt)?);
     let base_id = config.model.file_stem().map_or("base".into(), |s| s.to_string_lossy().into_owned());
     let registry = adapters::Registry::default();
@@ -63,7 +75,7 @@ pub fn run(config: Config) -> Result<()> {
         registry,
         queue,
         base_id,
-        ctx_size: config.ctx_size,
+        ctx_size,
         default_max_tokens: config.default_max_tokens,
         started,
         next_id: AtomicU64::new(0),

@@ -24,12 +24,84 @@ pub trait Encoder {
     fn end_of_turn(&self) -> String;
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// What the model accepts of an example.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Token ids must be below this (`vocab_size`).
+    pub vocab_size: usize,
+    /// Examples may hold at most this many tokens (`max_position_embeddings`).
+    pub positions: usize,
+}
+
+impl Bounds {
+    /// The bounds of a model.
+    pub fn of(config: &crate::model::config::ModelConfig) -> Bounds {
+        Bounds { vocab_size: config.vocab_size, positions: config.max_position_embeddings }
+    }
+
+    /// Checks a ready batch (`hexlora grad --batch`) before the model runs:
+    /// equal row lengths, ids in the vocabulary, rows within the positions.
+    pub fn check(&self, batch: &Batch, what: &str) -> Result<()> {
+        let (_, seq) = batch.dims().map_err(|e| Error::invalid(what, e.to_string()))?;
+        if seq > self.positions {
+            return Err(Error::invalid(what, format!("rows of {seq} tokens, but the model holds {} positions (max_position_embeddings)", self.positions)));
+        }
+        let ids = batch.input_ids.iter().enumerate().flat_map(|(r, row)| row.iter().enumerate().map(move |(k, &t)| ("input_ids", r, k, t as i64)));
+        let labels = batch.labels.iter().enumerate().flat_map(|(r, row)| row.iter().enumerate().map(move |(k, &t)| ("labels", r, k, t)));
+        if let Some((field, r, k, t)) = ids.chain(labels).find(|&(_, _, _, t)| t >= self.vocab_size as i64) {
+            return Err(Error::invalid(what, format!("{field}[{r}][{k}] = {t} is beyond the model's vocabulary of {} ids", self.vocab_size)));
+        }
+        Ok(())
+    }
+}
+
 enum Line {
     Tokens { input_ids: Vec<u32>, labels: Option<Vec<i64>> },
     Pair { prompt: String, completion: String },
     Chat { messages: Vec<Message> },
+}
+
+#[derive(Deserialize)]
+struct PairLine {
+    prompt: String,
+    completion: String,
+}
+
+#[derive(Deserialize)]
+struct ChatLine {
+    messages: Vec<Message>,
+}
+
+/// The ids of array `field`: integers >= 0 (and -100, ignored, where
+/// `ignore` allows it), each error naming the element.
+fn token_ids(v: &serde_json::Value, field: &str, ignore: bool, what: &str) -> Result<Vec<i64>> {
+    let a = v.as_array().ok_or_else(|| Error::format(what, format!("{field} must be an array of token ids, got {v}")))?;
+    let rule = if ignore { "a token id (integer >= 0) or -100" } else { "a token id (integer >= 0)" };
+    a.iter()
+        .enumerate()
+        .map(|(i, x)| x.as_i64().filter(|&t| t >= 0 || (ignore && t == -100)).ok_or_else(|| Error::format(what, format!("{field}[{i}] = {x} is not {rule}"))))
+        .collect()
+}
+
+/// One line in whichever form its fields name; errors name the field.
+fn parse_line(raw: &str, what: &str) -> Result<Line> {
+    const FORMS: &str = "expected prompt/completion, messages or input_ids";
+    let v: serde_json::Value = serde_json::from_str(raw).map_err(|e| Error::format(what, format!("{e} ({FORMS})")))?;
+    let Some(obj) = v.as_object() else {
+        return Err(Error::format(what, format!("not a JSON object ({FORMS})")));
+    };
+    if let Some(ids) = obj.get("input_ids") {
+        let input_ids = token_ids(ids, "input_ids", false, what)?.into_iter().map(|t| u32::try_from(t).map_err(|_| Error::format(what, format!("input_ids: token id {t} is too large")))).collect::<Result<_>>()?;
+        let labels = obj.get("labels").filter(|l| !l.is_null()).map(|l| token_ids(l, "labels", true, what)).transpose()?;
+        return Ok(Line::Tokens { input_ids, labels });
+    }
+    let field = |e: serde_json::Error| Error::format(what, format!("{e} ({FORMS})"));
+    if obj.contains_key("messages") {
+        let c: ChatLine = serde_json::from_value(v).map_err(field)?;
+        return Ok(Line::Chat { messages: c.messages });
+    }
+    let p: PairLine = serde_json::from_value(v).map_err(field)?;
+    Ok(Line::Pair { prompt: p.prompt, completion: p.completion })
 }
 
 /// `ids = prompt ++ completion`, labels `-100` over the prompt.
@@ -63,16 +135,30 @@ fn encode_line(line: Line, enc: Option<&dyn Encoder>, what: &str) -> Result<(Vec
 
 /// Reads a JSONL file into one-row batches, truncated to `max_len` tokens.
 /// Examples with no target left after truncation are skipped with a count.
-pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize) -> Result<(Vec<Batch>, usize)> {
+/// Every id must be in the model's vocabulary and every truncated example
+/// must fit its positions; errors name the file, line and field.
+pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize, bounds: Bounds) -> Result<(Vec<Batch>, usize)> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let mut out = Vec::new();
     let mut skipped = 0;
     for (i, raw) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let what = format!("{}:{}", path.display(), i + 1);
-        let line: Line = serde_json::from_str(raw).map_err(|e| Error::format(&what, format!("{e} (expected prompt/completion, messages or input_ids)")))?;
+        let line = parse_line(raw, &what)?;
         let (mut ids, mut labels) = encode_line(line, enc, &what)?;
+        let vocab = bounds.vocab_size as i64;
+        let beyond = |field: &str, k: usize, t: i64| Err(Error::invalid(&what, format!("{field}[{k}] = {t} is beyond the model's vocabulary of {vocab} ids")));
+        if let Some(k) = ids.iter().position(|&t| t as i64 >= vocab) {
+            return beyond("input_ids", k, ids[k] as i64);
+        }
+        if let Some(k) = labels.iter().position(|&t| t >= vocab) {
+            return beyond("labels", k, labels[k]);
+        }
         ids.truncate(max_len);
         labels.truncate(max_len);
+        if ids.len() > bounds.positions {
+            let msg = format!("{} tokens after --max-len {max_len}, but the model holds {} positions (max_position_embeddings): lower --max-len", ids.len(), bounds.positions);
+            return Err(Error::invalid(&what, msg));
+        }
         if labels.iter().skip(1).all(|&l| l < 0) {
             skipped += 1;
             continue;
@@ -88,6 +174,8 @@ pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const BYTES: Bounds = Bounds { vocab_size: 256, positions: 64 };
 
     /// Byte-level encoder with a ChatML-like template (real, if simple).
     struct Bytes;
@@ -118,7 +206,7 @@ mod tests {
             "",
         ];
         std::fs::write(&p, lines.join("\n")).unwrap();
-        let (b, skipped) = load_jsonl(&p, Some(&Bytes), 100).unwrap();
+        let (b, skipped) = load_jsonl(&p, Some(&Bytes), 100, BYTES).unwrap();
         assert_eq!(skipped, 0);
         assert_eq!(b[0].input_ids[0], b"abc|".iter().map(|&c| c as u32).collect::<Vec<_>>());
         assert_eq!(b[0].labels[0], vec![-100, -100, 'c' as i64, '|' as i64]);
@@ -126,10 +214,33 @@ mod tests {
         assert!(b[1].labels[0][..prompt_len].iter().all(|&l| l == -100));
         assert_eq!(b[1].labels[0][prompt_len..], ['y' as i64, '|' as i64]);
         assert_eq!(b[2].labels[0], vec![5, 6, 7]);
-        assert!(load_jsonl(&p, None, 100).unwrap_err().to_string().contains("tokenizer"));
+        assert!(load_jsonl(&p, None, 100, BYTES).unwrap_err().to_string().contains("tokenizer"));
         std::fs::write(&p, "{\"prompt\": 3}\n").unwrap();
-        assert!(load_jsonl(&p, Some(&Bytes), 100).unwrap_err().to_string().contains("d.jsonl:1"));
+        assert!(load_jsonl(&p, Some(&Bytes), 100, BYTES).unwrap_err().to_string().contains("d.jsonl:1"));
         std::fs::write(&p, r#"{"prompt": "abcdef", "completion": "g"}"#).unwrap();
-        assert!(load_jsonl(&p, Some(&Bytes), 4).is_err(), "completion truncated away: nothing to train on");
+        assert!(load_jsonl(&p, Some(&Bytes), 4, BYTES).is_err(), "completion truncated away: nothing to train on");
+    }
+
+    #[test]
+    fn bad_token_ids_name_the_line_and_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.jsonl");
+        let err = |line: &str| {
+            std::fs::write(&p, format!("{{\"input_ids\": [1, 2]}}\n{line}\n")).unwrap();
+            load_jsonl(&p, Some(&Bytes), 100, BYTES).unwrap_err().to_string()
+        };
+        let e = err(r#"{"input_ids": [1, -1]}"#);
+        assert!(e.contains("d.jsonl:2") && e.contains("input_ids[1] = -1"), "{e}");
+        let e = err(r#"{"input_ids": [1, 2.5]}"#);
+        assert!(e.contains("input_ids[1] = 2.5"), "{e}");
+        let e = err(r#"{"input_ids": [1, 300]}"#);
+        assert!(e.contains("input_ids[1] = 300") && e.contains("vocabulary of 256"), "{e}");
+        let e = err(r#"{"input_ids": [1, 2], "labels": [-7, 2]}"#);
+        assert!(e.contains("labels[0] = -7"), "{e}");
+        let e = err(r#"{"prompt": "a"}"#);
+        assert!(e.contains("d.jsonl:2") && e.contains("completion"), "{e}");
+        let long = format!(r#"{{"input_ids": {:?}}}"#, vec![1; 80]);
+        let e = err(&long);
+        assert!(e.contains("d.jsonl:2") && e.contains("max_position_embeddings"), "{e}");
     }
 }

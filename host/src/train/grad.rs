@@ -7,7 +7,7 @@ use crate::lora::peft::peft_key;
 use crate::lora::tensor_file::TensorFile;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
-use crate::{Error, Result};
+use crate::Result;
 
 /// Loss, logits and the adapter's gradients for one batch.
 pub struct GradResult {
@@ -19,29 +19,9 @@ pub struct GradResult {
     pub grads: TensorFile,
 }
 
-/// Checks that every adapter module names a projection of the model with
-/// matching widths.
-pub fn check_adapter(model: &dyn TrainableModel, adapter: &Adapter) -> Result<()> {
-    let projections = model.projections();
-    for m in &adapter.modules {
-        let p = projections
-            .iter()
-            .find(|p| p.name == m.name)
-            .ok_or_else(|| Error::invalid("adapter", format!("module {} is not a projection of this model", m.name)))?;
-        if m.a.shape != [adapter.config.r, p.in_features] || m.b.shape != [p.out_features, adapter.config.r] {
-            return Err(Error::Shape {
-                what: format!("adapter factors of {}", m.name),
-                expected: vec![adapter.config.r, p.in_features, p.out_features, adapter.config.r],
-                got: [m.a.shape.clone(), m.b.shape.clone()].concat(),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// Forward + backward with dropout off. `opts` selects recompute etc.
 pub fn compute_grads(model: &dyn TrainableModel, adapter: &Adapter, batch: &Batch, opts: &GraphOptions, want_logits: bool) -> Result<GradResult> {
-    check_adapter(model, adapter)?;
+    adapter.check(&model.projections())?;
     let (b, seq) = batch.dims()?;
     let mut tape = Tape::new();
     let (factors, order) = lora_params(&mut tape, &adapter.modules);

@@ -130,6 +130,28 @@ pub fn open_state<S: Checkpointed>(out: &Path, fp: &str, resume: bool, loaded: O
     }
 }
 
+/// What an adapter run (AdamW, MeZO, the nightly job) writes beside its
+/// commit.
+pub const ADAPTER_RUN_OUTPUTS: &[&str] = &["adapter", "metrics.jsonl", "loss.svg"];
+
+/// Takes `out` as a run directory before any work: a directory holding any
+/// of `outputs` without a commit that owns them (another run's results, a
+/// copied adapter) is refused unless `force`, since the run would overwrite
+/// them; a directory with a commit is left to [`open_state`] (resume or
+/// refuse). Creates `out` and checks that a file can be written in it.
+pub fn claim_out_dir(out: &Path, outputs: &[&str], force: bool) -> Result<()> {
+    let committed = out.join(super::commit::COMMIT_FILE).exists();
+    let found: Vec<&str> = outputs.iter().copied().filter(|o| out.join(o).exists()).collect();
+    if !committed && !force && !found.is_empty() {
+        let msg = format!("holds {}, which this run would overwrite and no run's commit owns; pass --force to overwrite, or choose another --out", found.join(", "));
+        return Err(Error::invalid(format!("--out {}", out.display()), msg));
+    }
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let probe = out.join(".hexlora-write-check");
+    std::fs::write(&probe, b"").map_err(|e| Error::io(out, e))?;
+    std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))
+}
+
 /// Drives a run of `total` steps into `out`.
 pub struct Learner<'a> {
     /// The run directory.

@@ -115,6 +115,10 @@ pub fn train_mezo(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfi
     if data.is_empty() {
         return Err(Error::invalid("training data", "no examples"));
     }
+    super::trainer::check_grad_accum(config.train.grad_accum, data.len())?;
+    if !(config.mezo.eps.is_finite() && config.mezo.eps > 0.0) {
+        return Err(Error::invalid("--mezo-eps", format!("{}; it must be finite and > 0", config.mezo.eps)));
+    }
     let fp = run_fingerprint(config, data);
     let state = learner::open_state(out, &fp, run.resume, MezoState::load(out)?, || fresh_state(model, config, fp.clone()))?;
     let learner = Learner { out, total: config.train.schedule.total, title: "training loss (MeZO)" };

@@ -91,10 +91,21 @@ pub fn epoch_steps(examples: usize, grad_accum: usize) -> u64 {
     (examples / grad_accum.max(1)).max(1) as u64
 }
 
+/// A step takes `grad_accum` distinct examples of the data: more than
+/// there are would repeat examples within a step (and with a huge value
+/// never end the first one).
+pub fn check_grad_accum(grad_accum: usize, examples: usize) -> Result<()> {
+    if grad_accum == 0 || grad_accum > examples {
+        return Err(Error::invalid("--grad-accum", format!("{grad_accum}; it must be 1 to the {examples} examples of the training data")));
+    }
+    Ok(())
+}
+
 /// Runs (or resumes) training into `out`: `commit.safetensors` after every
 /// step, `metrics.jsonl`, and at the end `adapter/` (PEFT) and `loss.svg`.
 /// `run.hooks` may pace the run and end it early (resumable).
 pub fn train(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, out: &Path, run: RunOptions<'_>) -> Result<TrainState> {
+    check_grad_accum(config.grad_accum, data.len())?;
     let fp = fingerprint(config, data);
     let loaded = TrainState::load(out)?;
     let state = learner::open_state(out, &fp, run.resume, loaded, || fresh_state(model, config, fp.clone()))?;

@@ -173,7 +173,7 @@ impl TextShape {
                 format!("{arch}: block_count {blocks}, nextn_predict_layers {mtp}, full_attention_interval {interval}"),
             ));
         }
-        let num_layers = blocks - mtp;
+        let num_layers = crate::model::config::check_layers(blocks - mtp, &key("block_count"))?;
         let layer_types = (0..num_layers)
             .map(|i| if (i + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::LinearAttention })
             .collect();
