@@ -8,7 +8,10 @@
 # RSS of both per round, and ends with
 #   generate tok/s ratio hexlora/llama.cpp: X
 #   prompt tok/s ratio hexlora/llama.cpp: Y
-# (medians of the per-round ratios).
+# (medians of the per-round ratios), after a roofline line: decoding reads
+# every weight once a token, so its bound is the machine's memory read
+# speed (host/examples/bench_decode_roofline.rs measures it, and the
+# decoding kernel alone on a weight larger than the caches).
 # Env: THREADS (2), ROUNDS (3), PROMPT_TOKENS (512), GEN (128), MODEL,
 #      HEXLORA_BENCH_VENV (target/bench-venv), PYTHON (python3).
 set -euo pipefail
@@ -26,8 +29,9 @@ if ! "$VENV/bin/python" -c "import llama_cpp; assert llama_cpp.__version__ == '$
     "${PYTHON:-python3}" -m venv "$VENV"
     CMAKE_ARGS="-DGGML_NATIVE=ON" "$VENV/bin/pip" install --quiet --no-cache-dir "llama-cpp-python==$LLAMA_CPP_PYTHON"
 fi
-cargo build --release -q -p hexlora --bin hexlora
+cargo build --release -q -p hexlora --bin hexlora --example bench_decode_roofline
 BIN=${CARGO_TARGET_DIR:-target}/release/hexlora
+ROOFLINE=${CARGO_TARGET_DIR:-target}/release/examples/bench_decode_roofline
 PY="$VENV/bin/python"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -56,8 +60,12 @@ EOF
 cmp -s <(tr -d ' \n' < "$tmp/hex-ids.json") <(tr -d ' \n' < "$tmp/ids.json") \
     || { echo "hexlora and llama.cpp tokenize the prompt differently" >&2; exit 1; }
 
+RAYON_NUM_THREADS=$THREADS "$ROOFLINE" | tee "$tmp/roofline.txt" | grep -v '^cpu:'
+
 gen_ratios=""
 prompt_ratios=""
+hex_gen=""
+llama_gen=""
 for round in $(seq 1 "$ROUNDS"); do
     # hexlora prints "[N prompt tokens in S s (P tok/s), M generated in S s (G tok/s), finish: ...]"
     RAYON_NUM_THREADS=$THREADS /usr/bin/time -f "%M" -o "$tmp/rss" "$BIN" generate --model "$MODEL" --raw \
@@ -70,10 +78,17 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "round $round: $(cat "$tmp/llama.txt")"
     lp=$(sed -E 's/.*tokens ([0-9.]+) tok\/s, generated.*/\1/' "$tmp/llama.txt")
     lg=$(sed -E 's/.*generated [0-9]+ tokens ([0-9.]+) tok\/s.*/\1/' "$tmp/llama.txt")
+    hex_gen="$hex_gen $hg"
+    llama_gen="$llama_gen $lg"
     gen_ratios="$gen_ratios $(awk -v h="$hg" -v l="$lg" 'BEGIN { printf "%.2f", h / l }')"
     prompt_ratios="$prompt_ratios $(awk -v h="$hp" -v l="$lp" 'BEGIN { printf "%.2f", h / l }')"
 done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : sprintf("%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 echo "per-round generate ratios:$gen_ratios; prompt ratios:$prompt_ratios"
+# Bytes a decoding step reads: every weight once, i.e. about the GGUF
+# file (the tied embedding is the head; its lookup reads one row).
+mb=$(( $(stat -c %s "$MODEL") / 1000000 ))
+read_gbs=$(sed -nE 's/^memory read: ([0-9.]+) GB\/s.*/\1/p' "$tmp/roofline.txt")
+echo "roofline: decoding reads ~$mb MB of weights a token; at the median rates hexlora $(median <<< "$hex_gen") tok/s = $(awk -v m="$mb" -v t="$(median <<< "$hex_gen")" 'BEGIN { printf "%.1f", m * t / 1000 }') GB/s, llama.cpp $(median <<< "$llama_gen") tok/s = $(awk -v m="$mb" -v t="$(median <<< "$llama_gen")" 'BEGIN { printf "%.1f", m * t / 1000 }') GB/s, of the $read_gbs GB/s this machine reads"
 echo "generate tok/s ratio hexlora/llama.cpp: $(median <<< "$gen_ratios")"
 echo "prompt tok/s ratio hexlora/llama.cpp: $(median <<< "$prompt_ratios")"
