@@ -115,7 +115,7 @@ struct Out<'a> {
 impl Out<'_> {
     /// Closes row `o`'s lane chains for each token.
     #[inline(always)]
-    fn row<const T: usize>(&mut self, o: usize, acc: &[[f32; WIDTH]; T]) {
+    fn row<const T: usize>(&mut self, o: usize, acc: &[[f32; LANES]; T]) {
         for (t, a) in acc.iter().enumerate() {
             self.yt[o * self.stride + self.t0 + t] = lane_tree(a);
         }
@@ -361,14 +361,15 @@ impl<V: Lanes, const T: usize> Chains<V, T> {
         }
     }
 
-    /// Each output's partial sums, chain by chain.
+    /// Each output's first two halving steps over its 64 partial sums,
+    /// done on whole chains in registers (`a[i] += a[i + 32]` is chain
+    /// 0 + chain 2 and 1 + 3; `a[i] += a[i + 16]` adds those two): the 16
+    /// lanes [`lane_tree`] finishes.
     #[inline(always)]
-    unsafe fn sums(&self) -> [[f32; WIDTH]; T] {
-        let mut out = [[0.0; WIDTH]; T];
-        for (o, chains) in out.iter_mut().zip(&self.acc) {
-            for (c, v) in chains.iter().enumerate() {
-                v.store((&mut o[c * LANES..(c + 1) * LANES]).try_into().expect("16 lanes"));
-            }
+    unsafe fn sums(&self) -> [[f32; LANES]; T] {
+        let mut out = [[0.0; LANES]; T];
+        for (o, [c0, c1, c2, c3]) in out.iter_mut().zip(&self.acc) {
+            V::add(V::add(*c0, *c2), V::add(*c1, *c3)).store(o);
         }
         out
     }
@@ -467,12 +468,12 @@ unsafe fn q8_0<V: Lanes>(blk: &[u8; 34]) -> (V, V) {
     (V::mul(V::i8s(blk.as_ptr().add(2)), d), V::mul(V::i8s(blk.as_ptr().add(18)), d))
 }
 
-/// The partial sums' total by a fixed halving tree: `a[i] += a[i + h]` for
-/// `h = 32, 16, 8, 4, 2, 1`.
+/// The partial sums' total by a fixed halving tree, `a[i] += a[i + h]`
+/// for `h = 32, 16` ([`Chains::sums`]) then `8, 4, 2, 1` (here).
 #[inline(always)]
-fn lane_tree(a: &[f32; WIDTH]) -> f32 {
+fn lane_tree(a: &[f32; LANES]) -> f32 {
     let mut a = *a;
-    let mut h = WIDTH / 2;
+    let mut h = LANES / 2;
     while h > 0 {
         for l in 0..h {
             a[l] += a[l + h];
