@@ -24,6 +24,12 @@ export HEXLORA_FASTRPC_LIB
 echo "== native tests"
 cargo test --workspace
 
+echo "== SmolLM2 logits and greedy text against transformers on the narrower decoding builds"
+# (the workspace run above used the widest this CPU has)
+for build in avx2 portable; do
+    HEXLORA_MATVEC=$build cargo test -q -p hexlora --test model_smollm2
+done
+
 echo "== GGUF LoRA adapters in llama.cpp (xllamacpp in a venv of its own)"
 bash ci/llama-cpp-adapter.sh
 
