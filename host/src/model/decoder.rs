@@ -94,11 +94,15 @@ pub fn cpu_projection(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Arc<d
 }
 
 impl Model {
-    /// Opens a GGUF file or a Hugging Face directory with CPU projections
-    /// (a quantized file's weights stay in their blocks, as `generate` holds them).
+    /// Opens a GGUF file or a Hugging Face directory with dense f32 CPU
+    /// projections (the embedding and head stay as stored). `generate`
+    /// keeps a quantized file's projections in their blocks instead
+    /// (`inference_projection`); both give the same bits, because the
+    /// decoding kernel reads blocks and their dequantized f32 alike
+    /// (`ops::quant_matvec`'s tests) and longer products dequantize first.
     pub fn open(path: &Path) -> Result<Self> {
         let ckpt = Checkpoint::open(path)?;
-        Self::load(ckpt.config.clone(), ckpt.tensors(), &inference_projection)
+        Self::load(ckpt.config.clone(), ckpt.tensors(), &cpu_projection)
     }
 
     /// Builds the model for `config` from `src`, after checking that every
