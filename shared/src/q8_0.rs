@@ -74,7 +74,6 @@ impl BlockQ8_0 {
     pub const ZERO: BlockQ8_0 = BlockQ8_0 { d: f16::ZERO, qs: [0; QK8_0] };
 
     /// Reads one block from its 34 GGUF bytes.
-    #[inline(always)]
     pub fn from_bytes(b: &[u8; BLOCK_BYTES]) -> BlockQ8_0 {
         let mut qs = [0i8; QK8_0];
         for (q, &byte) in qs.iter_mut().zip(&b[2..]) {
@@ -184,7 +183,6 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), Q8Error> {
 
 /// The exact f32 value of each weight, `qs[j] * d` (what ggml's
 /// `dequantize_row_q8_0` yields).
-#[inline(always)]
 pub fn dequantize_block_f32(b: &BlockQ8_0, out: &mut [f32; QK8_0]) {
     let d = b.d.to_f32();
     for (o, &q) in out.iter_mut().zip(&b.qs) {

@@ -1,5 +1,6 @@
 //! The CPU [`Projection`]: the frozen weight held dense in f32, row-major
-//! `[out, in]`, and both products through [`crate::ops::matmul`]. Quantized
+//! `[out, in]`, and both products through [`crate::ops::matmul`] (forward
+//! products of a few rows through [`crate::ops::quant_matvec`]). Quantized
 //! checkpoints are dequantized once at load, so the CPU sees exactly the
 //! effective weight transformers computes with when it loads the same file.
 //!

@@ -188,10 +188,10 @@ fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
     }
 }
 
-// The block decoders below are the one definition of each type's values:
-// `dequantize` and the products straight from blocks
-// (`crate::ops::quant_matvec`) both call them, so every path multiplies
-// the same f32 weights.
+// The block decoders below define each type's f32 values. The products
+// straight from blocks (`crate::ops::quant_matvec`) call the K-quant ones
+// and decode Q8_0/Q4_0/Q4_1 in registers by the same operations, which its
+// tests check bit for bit against these.
 
 #[inline(always)]
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -201,13 +201,13 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 /// Q8_0: `x = d q`, through `hexlora_proto::q8_0`, the dequantizer the DSP
 /// firmware also uses.
 #[inline(always)]
-pub(crate) fn decode_q8_0(b: &[u8; 34], y: &mut [f32; 32]) {
+fn decode_q8_0(b: &[u8; 34], y: &mut [f32; 32]) {
     q8_0::dequantize_block_f32(&q8_0::BlockQ8_0::from_bytes(b), y);
 }
 
 /// Q4_0: `x = d (nibble - 8)`.
 #[inline(always)]
-pub(crate) fn decode_q4_0(b: &[u8; 18], y: &mut [f32; 32]) {
+fn decode_q4_0(b: &[u8; 18], y: &mut [f32; 32]) {
     let d = f16_at(b, 0);
     let (lo, hi) = y.split_at_mut(16);
     for (j, &q) in b[2..18].iter().enumerate() {
@@ -218,7 +218,7 @@ pub(crate) fn decode_q4_0(b: &[u8; 18], y: &mut [f32; 32]) {
 
 /// Q4_1: `x = d nibble + m`.
 #[inline(always)]
-pub(crate) fn decode_q4_1(b: &[u8; 20], y: &mut [f32; 32]) {
+fn decode_q4_1(b: &[u8; 20], y: &mut [f32; 32]) {
     let (d, m) = (f16_at(b, 0), f16_at(b, 2));
     let (lo, hi) = y.split_at_mut(16);
     for (j, &q) in b[4..20].iter().enumerate() {

@@ -11,9 +11,9 @@
 //!
 //! Arithmetic, identical on every CPU: the weights are exactly the f32
 //! values the block decoders of [`crate::model::quant`] yield (the values
-//! every other path multiplies); each output is 16 lane chains (lane `l`
-//! takes elements `l, l + 16, l + 32, ...` of the row, one fused
-//! multiply-add each), closed by a fixed halving tree. The algorithm is
+//! every other path multiplies); each output is 4 chains of 16 lanes
+//! (chunk `j` of 16 elements feeds chain `j % 4`, one fused multiply-add
+//! per element), closed by a fixed halving tree. The algorithm is
 //! written once over [`Lanes`], 16 f32 lanes with the few operations it
 //! needs; AVX-512 (one register), AVX2 (two) and the portable arrays
 //! (`f32::mul_add`, NEON's `fmla` on aarch64) implement it, so every build
@@ -137,7 +137,8 @@ pub enum Build {
 
 impl Build {
     /// The widest this CPU has; `HEXLORA_MATVEC=portable|avx2` forces a
-    /// narrower one (the greedy-text tests run under each). Read once.
+    /// narrower one (`ci/test.sh` runs the SmolLM2 greedy-text test under
+    /// `avx2` too). Read once.
     pub fn detect() -> Build {
         static BUILD: std::sync::OnceLock<Build> = std::sync::OnceLock::new();
         *BUILD.get_or_init(|| Self::pick(std::env::var("HEXLORA_MATVEC").ok().as_deref()))
