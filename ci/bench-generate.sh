@@ -60,6 +60,17 @@ EOF
 cmp -s <(tr -d ' \n' < "$tmp/hex-ids.json") <(tr -d ' \n' < "$tmp/ids.json") \
     || { echo "hexlora and llama.cpp tokenize the prompt differently" >&2; exit 1; }
 
+# llama.cpp's AMX product (an extra buffer type) segfaults on some AMX
+# machines; a short probe finds out, and llama.cpp then runs without extra
+# buffer types (its AVX-512 kernels), which this line says.
+head -c 40 "$tmp/ids.json" | sed 's/,[^,]*$/]/' > "$tmp/probe.json"
+export LLAMA_EXTRA_BUFTS=1
+if ! OMP_NUM_THREADS=$THREADS "$PY" ci/bench_generate_llama.py "$MODEL" "$tmp/probe.json" 2 "$THREADS" > /dev/null 2>&1; then
+    LLAMA_EXTRA_BUFTS=0
+    OMP_NUM_THREADS=$THREADS "$PY" ci/bench_generate_llama.py "$MODEL" "$tmp/probe.json" 2 "$THREADS" > /dev/null
+    echo "llama.cpp: crashed with its extra buffer types (AMX, repacked weights) on this CPU; runs without them (LLAMA_EXTRA_BUFTS=0)"
+fi
+
 RAYON_NUM_THREADS=$THREADS "$ROOFLINE" | tee "$tmp/roofline.txt" | grep -v '^cpu:'
 
 gen_ratios=""

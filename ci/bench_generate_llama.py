@@ -3,6 +3,10 @@ greedy decoding on the same GGUF and thread count, through PyPI
 llama-cpp-python (its vendored llama.cpp compiled natively for this CPU).
 
 Usage: bench_generate_llama.py MODEL IDS_JSON N_GEN THREADS
+Env: LLAMA_EXTRA_BUFTS=0 loads the weights without llama.cpp's extra buffer
+types (AMX and repacked layouts): its AMX matrix product segfaults on some
+AMX machines (ggml_backend_amx_mul_mat, llama-cpp-python 0.3.36, an Intel
+Xeon with AMX under KVM, 2026-12-02), and ci/bench-generate.sh then says so.
 Prints one line:
   llama.cpp prompt N tokens P tok/s, generated G tokens D tok/s, peak RSS R MiB
 Prompt tok/s: the prompt's tokens over the time of its one evaluation
@@ -15,7 +19,10 @@ import resource
 import sys
 import time
 
+import os
+
 import llama_cpp
+import llama_cpp.llama_cpp as llama_lib
 import numpy as np
 from llama_cpp import Llama
 
@@ -27,9 +34,24 @@ def next_token(llm):
     return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
 
 
+def without_extra_buffer_types():
+    """Makes every model load with use_extra_bufts off (Llama() takes no
+    such argument: it starts from llama_model_default_params())."""
+    default = llama_lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_lib.llama_model_default_params = params
+
+
 def main():
     model, ids_path, n_gen, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     ids = json.load(open(ids_path))
+    if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":
+        without_extra_buffer_types()
     llm = Llama(
         model_path=model,
         n_ctx=len(ids) + n_gen + 8,
