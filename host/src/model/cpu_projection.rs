@@ -14,6 +14,7 @@
 use crate::model::source::{DType, RawTensor};
 use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows};
 use crate::ops::matmul::{matmul, matmul_bt};
+use crate::ops::quant_bf16;
 use crate::ops::quant_matvec::{self, StoredRows};
 use crate::projection::{Carried, Direction, LoraFactors, Projection, ProjectionInfo};
 use crate::{Error, Result};
@@ -249,14 +250,28 @@ pub fn factory(dtype: FrozenDtype) -> fn(ProjectionInfo, &RawTensor<'_>) -> Resu
 }
 
 /// A frozen projection held in bf16 on the CPU: the forward and the input
-/// gradient read the one row-major copy.
+/// gradient read the one row-major copy, or, for a Q4_0/Q4_1 checkpoint on
+/// a CPU with the decoder, the blocks decoded to the same bf16 bits before
+/// each product ([`crate::ops::quant_bf16`]): the same results in about a
+/// third of the memory (`HEXLORA_BF16_BLOCKS=0` keeps the copy instead).
 pub struct Bf16Projection {
     info: ProjectionInfo,
-    /// Holds `[out_features, in_features]` from row `first_row` on.
-    table: Arc<Bf16Matrix>,
-    first_row: usize,
+    weight: Bf16Weight,
     kernel: Kernel,
 }
+
+/// Where a [`Bf16Projection`]'s weight lives.
+enum Bf16Weight {
+    /// Rows `first_row .. first_row + out_features` of a bf16 table.
+    Table { table: Arc<Bf16Matrix>, first_row: usize },
+    /// The checkpoint's Q4_0/Q4_1 blocks, `[out_features, in_features]`.
+    Blocks { dtype: DType, bytes: Vec<u8> },
+}
+
+/// Scratch tables the block-held projections decode into (a weight of a
+/// few MB, decoded afresh for every product; reused so that no product
+/// page-faults a new one in).
+static SCRATCH: std::sync::Mutex<Vec<Vec<half::bf16>>> = std::sync::Mutex::new(Vec::new());
 
 impl Bf16Projection {
     /// Rounds an f32 weight `[out, in]` to bf16 (nearest even).
@@ -272,9 +287,16 @@ impl Bf16Projection {
         Self::window(info, table, 0)
     }
 
-    /// Dequantizes a checkpoint tensor `[out, in]` and keeps only its bf16 rounding.
+    /// A checkpoint tensor `[out, in]` as bf16: its blocks where this CPU
+    /// decodes them ([`quant_bf16::decodes`]), else a bf16 copy of its
+    /// dequantized values. Both compute with the same bits.
     pub fn from_raw(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Self> {
         check_raw_shape(&info, raw)?;
+        if quant_bf16::decodes(raw.dtype) && std::env::var("HEXLORA_BF16_BLOCKS").as_deref() != Ok("0") {
+            raw.checked_row_bytes()?;
+            let weight = Bf16Weight::Blocks { dtype: raw.dtype, bytes: raw.bytes.to_vec() };
+            return Ok(Bf16Projection { info, weight, kernel: Kernel::detect() });
+        }
         Self::from_f32(info, &raw.to_f32()?)
     }
 
@@ -287,7 +309,7 @@ impl Bf16Projection {
                 got: vec![table.rows(), table.cols()],
             });
         }
-        Ok(Bf16Projection { info, table, first_row, kernel: Kernel::detect() })
+        Ok(Bf16Projection { info, weight: Bf16Weight::Table { table, first_row }, kernel: Kernel::detect() })
     }
 
     /// The same projection computed by `kernel` (tests compare kernels).
@@ -296,8 +318,25 @@ impl Bf16Projection {
         self
     }
 
-    fn rows(&self) -> Rows<'_> {
-        Rows { matrix: &self.table, first: self.first_row, len: self.info.out_features }
+    /// Whether the weight is held in its checkpoint blocks.
+    pub fn holds_blocks(&self) -> bool {
+        matches!(self.weight, Bf16Weight::Blocks { .. })
+    }
+
+    /// Runs `product` on the weight's rows: the table's window, or the
+    /// blocks decoded into a scratch table for the call.
+    fn with_rows<R>(&self, product: impl FnOnce(Rows<'_>) -> R) -> R {
+        let (out_f, in_f) = (self.info.out_features, self.info.in_features);
+        match &self.weight {
+            Bf16Weight::Table { table, first_row } => product(Rows { matrix: table, first: *first_row, len: out_f }),
+            Bf16Weight::Blocks { dtype, bytes } => {
+                let spare = SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+                let m = Bf16Matrix::filled(spare, out_f, in_f, |bits| quant_bf16::decode_rows(*dtype, bytes, in_f, bits));
+                let r = product(Rows { matrix: &m, first: 0, len: out_f });
+                SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).push(m.into_vec());
+                r
+            }
+        }
     }
 }
 
@@ -308,17 +347,28 @@ impl Projection for Bf16Projection {
 
     fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
         self.info.check_io(dir, input, tokens, out)?;
-        match dir {
-            Direction::Forward => bf16_matmul::forward(self.kernel, out, input, tokens, self.rows()),
-            Direction::InputGrad => bf16_matmul::input_grad(self.kernel, out, input, tokens, self.rows()),
-        }
+        self.with_rows(|rows| match dir {
+            Direction::Forward => bf16_matmul::forward(self.kernel, out, input, tokens, rows),
+            Direction::InputGrad => bf16_matmul::input_grad(self.kernel, out, input, tokens, rows),
+        });
         Ok(())
     }
 
     fn scaled_rows(&self, rows: &[usize], scales: &[f32], out: &mut [f32]) -> Result<()> {
         self.info.check_rows(rows, scales, out)?;
-        for ((&r, &s), o) in rows.iter().zip(scales).zip(out.chunks_exact_mut(self.info.in_features)) {
-            o.iter_mut().zip(self.table.row(self.first_row + r)).for_each(|(o, w)| *o = s * w.to_f32());
+        let in_f = self.info.in_features;
+        for ((&r, &s), o) in rows.iter().zip(scales).zip(out.chunks_exact_mut(in_f)) {
+            match &self.weight {
+                Bf16Weight::Table { table, first_row } => {
+                    o.iter_mut().zip(table.row(first_row + r)).for_each(|(o, w)| *o = s * w.to_f32());
+                }
+                Bf16Weight::Blocks { dtype, bytes } => {
+                    let row_bytes = bytes.len() / self.info.out_features;
+                    let mut bits = vec![0u16; in_f];
+                    quant_bf16::decode_rows(*dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], in_f, &mut bits);
+                    o.iter_mut().zip(bits).for_each(|(o, b)| *o = s * half::bf16::from_bits(b).to_f32());
+                }
+            }
         }
         Ok(())
     }
@@ -342,11 +392,11 @@ impl Projection for Bf16Projection {
                 got: vec![lora.a.len(), lora.b.len(), side.len()],
             });
         }
-        Ok(match dir {
-            Direction::Forward if bf16_matmul::forward_lora(self.kernel, out, input, tokens, self.rows(), lora, side) => Carried::Branch,
+        Ok(self.with_rows(|rows| match dir {
+            Direction::Forward if bf16_matmul::forward_lora(self.kernel, out, input, tokens, rows, lora, side) => Carried::Branch,
             Direction::Forward => Carried::No,
-            Direction::InputGrad => bf16_matmul::input_grad_lora(self.kernel, out, input, tokens, self.rows(), lora, side, db),
-        })
+            Direction::InputGrad => bf16_matmul::input_grad_lora(self.kernel, out, input, tokens, rows, lora, side, db),
+        }))
     }
 }
 
@@ -385,6 +435,40 @@ mod tests {
         assert_eq!(CpuProjection::window(two.clone(), table.clone(), 1).unwrap().weight(), &table[2..6]);
         assert!(CpuProjection::window(two, table.clone(), 3).is_err());
         assert!(CpuProjection::window(info, table, 2).is_err());
+    }
+
+    /// A Q4 checkpoint's bf16 projection held in its blocks computes the
+    /// same bits as one holding the bf16 copy of the dequantized weight:
+    /// both products, the LoRA-carrying ones and the rows.
+    #[test]
+    fn bf16_projection_on_q4_blocks_equals_its_bf16_copy() {
+        if !quant_bf16::available() {
+            return crate::test_skip::skip_allowed_in_ci("no AVX-512 F+BW: no block-held projections here", crate::test_skip::CPU_CLASS_VARIES);
+        }
+        let (out_f, in_f, tokens, rank) = (72, 96, 37, 4);
+        for dtype in [DType::Q4_0, DType::Q4_1] {
+            let bytes = quant_bf16::random_q4_rows(dtype, out_f, in_f, 5);
+            let raw = RawTensor { name: "blk.0.ffn_up.weight".into(), dtype, shape: vec![out_f, in_f], bytes: &bytes };
+            let info = ProjectionInfo { name: "up".into(), kind: ProjectionKind::Mlp, out_features: out_f, in_features: in_f };
+            let blocks = Bf16Projection::from_raw(info.clone(), &raw).unwrap();
+            assert!(blocks.holds_blocks());
+            let copy = Bf16Projection::from_f32(info, &raw.to_f32().unwrap()).unwrap();
+            let x: Vec<f32> = (0..tokens * in_f).map(|i| (i as f32 * 0.61).sin()).collect();
+            let dy: Vec<f32> = (0..tokens * out_f).map(|i| (i as f32 * 0.29).cos()).collect();
+            let a: Vec<f32> = (0..rank * in_f).map(|i| (i as f32 * 0.13).sin() * 0.1).collect();
+            let b: Vec<f32> = (0..out_f * rank).map(|i| (i as f32 * 0.71).cos() * 0.1).collect();
+            let lora = LoraFactors { a: &a, b: &b, rank, scale: 2.0 };
+            let run = |p: &Bf16Projection| {
+                let (mut y, mut dx, mut rows) = (vec![0.0; tokens * out_f], vec![0.0; tokens * in_f], vec![0.0; 3 * in_f]);
+                p.apply(Direction::Forward, &x, tokens, &mut y).unwrap();
+                p.apply(Direction::InputGrad, &dy, tokens, &mut dx).unwrap();
+                p.scaled_rows(&[0, 5, out_f - 1], &[1.0, -0.5, 3.0], &mut rows).unwrap();
+                let (mut yl, mut side) = (vec![0.0; tokens * out_f], vec![0.0; tokens * rank]);
+                let carried = p.apply_carrying_lora(Direction::Forward, &x, tokens, &mut yl, lora, &mut side, None).unwrap();
+                [y, dx, rows, yl, side, vec![(carried == Carried::Branch) as u8 as f32]].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+            };
+            assert_eq!(run(&blocks), run(&copy), "{dtype:?}");
+        }
     }
 
     /// The bf16 projection equals f64 products of the bf16-rounded weight

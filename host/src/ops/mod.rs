@@ -21,6 +21,7 @@ pub mod cross_entropy;
 pub mod embedding;
 pub mod gdn;
 pub mod matmul;
+pub mod quant_bf16;
 pub mod quant_matvec;
 pub mod rmsnorm;
 pub mod rope;

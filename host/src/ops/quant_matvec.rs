@@ -471,7 +471,8 @@ unsafe fn q4_1<V: Lanes>(blk: &[u8; 20]) -> (V, V) {
 }
 
 /// Q4_0 `x = d (nibble - 8)`, which is `d nibble + (-8 d)` with every step
-/// exact (no rounding at all).
+/// exact (no rounding at all; for `d = 0` this makes +0 where dequantize
+/// makes -0 for nibbles below 8, which adds the same to every sum).
 #[inline(always)]
 unsafe fn q4_0<V: Lanes>(blk: &[u8; 18]) -> (V, V) {
     let d = V::splat_f16([blk[0], blk[1]]);

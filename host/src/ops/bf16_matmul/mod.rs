@@ -65,6 +65,21 @@ impl Bf16Matrix {
         Bf16Matrix { data, rows, cols }
     }
 
+    /// A `[rows, cols]` matrix in `data`'s allocation (its old values
+    /// kept, its length set), whose bits `fill` writes: a scratch table
+    /// reused from product to product.
+    pub fn filled(mut data: Vec<bf16>, rows: usize, cols: usize, fill: impl FnOnce(&mut [u16])) -> Self {
+        data.resize(rows * cols, bf16::ZERO);
+        // SAFETY: bf16 is repr(transparent) over u16.
+        fill(unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u16>(), data.len()) });
+        Bf16Matrix { data, rows, cols }
+    }
+
+    /// The allocation back, for the next [`Bf16Matrix::filled`].
+    pub fn into_vec(self) -> Vec<bf16> {
+        self.data
+    }
+
     /// Rows.
     pub fn rows(&self) -> usize {
         self.rows
