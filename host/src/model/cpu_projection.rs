@@ -12,7 +12,7 @@
 //! ([`crate::ops::bf16_matmul`], AMX where the CPU has it); which one a
 //! model gets is its [`FrozenDtype`].
 use crate::model::source::{DType, RawTensor};
-use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows};
+use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows, Weight};
 use crate::ops::matmul::{matmul, matmul_bt};
 use crate::ops::quant_bf16;
 use crate::ops::quant_matvec::{self, StoredRows};
@@ -251,8 +251,8 @@ pub fn factory(dtype: FrozenDtype) -> fn(ProjectionInfo, &RawTensor<'_>) -> Resu
 
 /// A frozen projection held in bf16 on the CPU: the forward and the input
 /// gradient read the one row-major copy, or, for a Q4_0/Q4_1 checkpoint on
-/// a CPU with the decoder, the blocks decoded to the same bf16 bits before
-/// each product ([`crate::ops::quant_bf16`]): the same results in about a
+/// a CPU with the decoder, its blocks, decoded to the same bf16 bits as the
+/// kernel uses them ([`bf16_matmul::Weight`]): the same results in about a
 /// third of the memory (`HEXLORA_BF16_BLOCKS=0` keeps the copy instead).
 pub struct Bf16Projection {
     info: ProjectionInfo,
@@ -267,11 +267,6 @@ enum Bf16Weight {
     /// The checkpoint's Q4_0/Q4_1 blocks, `[out_features, in_features]`.
     Blocks { dtype: DType, bytes: Vec<u8> },
 }
-
-/// Scratch tables the block-held projections decode into (a weight of a
-/// few MB, decoded afresh for every product; reused so that no product
-/// page-faults a new one in).
-static SCRATCH: std::sync::Mutex<Vec<Vec<half::bf16>>> = std::sync::Mutex::new(Vec::new());
 
 impl Bf16Projection {
     /// Rounds an f32 weight `[out, in]` to bf16 (nearest even).
@@ -323,19 +318,12 @@ impl Bf16Projection {
         matches!(self.weight, Bf16Weight::Blocks { .. })
     }
 
-    /// Runs `product` on the weight's rows: the table's window, or the
-    /// blocks decoded into a scratch table for the call.
-    fn with_rows<R>(&self, product: impl FnOnce(Rows<'_>) -> R) -> R {
+    /// The weight as the kernels take it.
+    fn weight(&self) -> Weight<'_> {
         let (out_f, in_f) = (self.info.out_features, self.info.in_features);
         match &self.weight {
-            Bf16Weight::Table { table, first_row } => product(Rows { matrix: table, first: *first_row, len: out_f }),
-            Bf16Weight::Blocks { dtype, bytes } => {
-                let spare = SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
-                let m = Bf16Matrix::filled(spare, out_f, in_f, |bits| quant_bf16::decode_rows(*dtype, bytes, in_f, bits));
-                let r = product(Rows { matrix: &m, first: 0, len: out_f });
-                SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).push(m.into_vec());
-                r
-            }
+            Bf16Weight::Table { table, first_row } => Weight::Bf16(Rows { matrix: table, first: *first_row, len: out_f }),
+            Bf16Weight::Blocks { dtype, bytes } => Weight::Q4 { dtype: *dtype, bytes, rows: out_f, cols: in_f },
         }
     }
 }
@@ -347,10 +335,10 @@ impl Projection for Bf16Projection {
 
     fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
         self.info.check_io(dir, input, tokens, out)?;
-        self.with_rows(|rows| match dir {
-            Direction::Forward => bf16_matmul::forward(self.kernel, out, input, tokens, rows),
-            Direction::InputGrad => bf16_matmul::input_grad(self.kernel, out, input, tokens, rows),
-        });
+        match dir {
+            Direction::Forward => bf16_matmul::forward(self.kernel, out, input, tokens, self.weight()),
+            Direction::InputGrad => bf16_matmul::input_grad(self.kernel, out, input, tokens, self.weight()),
+        }
         Ok(())
     }
 
@@ -392,11 +380,11 @@ impl Projection for Bf16Projection {
                 got: vec![lora.a.len(), lora.b.len(), side.len()],
             });
         }
-        Ok(self.with_rows(|rows| match dir {
-            Direction::Forward if bf16_matmul::forward_lora(self.kernel, out, input, tokens, rows, lora, side) => Carried::Branch,
+        Ok(match dir {
+            Direction::Forward if bf16_matmul::forward_lora(self.kernel, out, input, tokens, self.weight(), lora, side) => Carried::Branch,
             Direction::Forward => Carried::No,
-            Direction::InputGrad => bf16_matmul::input_grad_lora(self.kernel, out, input, tokens, rows, lora, side, db),
-        }))
+            Direction::InputGrad => bf16_matmul::input_grad_lora(self.kernel, out, input, tokens, self.weight(), lora, side, db),
+        })
     }
 }
 

@@ -69,7 +69,7 @@ pub fn decode_rows(dtype: DType, bytes: &[u8], cols: usize, out: &mut [u16]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     /// `bf16::from_f32(v).to_bits()` of 16 lanes, in the low half of each
@@ -95,22 +95,34 @@ mod x86 {
     /// into 32 bf16 of `out`.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn blocks(q4_1: bool, bytes: &[u8], bb: usize, out: &mut [u16]) {
-        let iota = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
         for (blk, o) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(32)) {
-            let p = blk.as_ptr();
-            let d = splat_f16(p);
-            // Q4_1: d q + m, one rounding; Q4_0: d (q - 8), exact (and -0
-            // for d = 0 and q < 8, as dequantize makes it).
-            let values = if q4_1 { _mm512_fmadd_ps(d, iota, splat_f16(p.add(2))) } else { _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0))) };
-            let table = _mm512_cvtepi32_epi16(round_bits(values));
-            // vpermw reads 5 index bits: the 16 values in both halves.
-            let table = _mm512_broadcast_i64x4(table);
-            let q = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(bb - 16) as *const __m128i));
-            let lo = _mm256_and_si256(q, _mm256_set1_epi16(0x0f));
-            let hi = _mm256_srli_epi16::<4>(q);
-            let idx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-            _mm512_storeu_si512(o.as_mut_ptr() as *mut __m512i, _mm512_permutexvar_epi16(idx, table));
+            _mm512_storeu_si512(o.as_mut_ptr() as *mut __m512i, block(q4_1, blk.as_ptr()));
         }
+    }
+
+    /// The 32 bf16 of the Q4_1 (`q4_1`) or Q4_0 block at `p`, in order
+    /// (the AMX kernel packs its tiles from these).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW available; `p` starts a whole block.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    pub(crate) unsafe fn block(q4_1: bool, p: *const u8) -> __m512i {
+        let iota = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+        let d = splat_f16(p);
+        // Q4_1: d q + m, one rounding; Q4_0: d (q - 8), exact (and -0 for
+        // d = 0 and q < 8, as dequantize makes it).
+        let (values, nibbles) = if q4_1 {
+            (_mm512_fmadd_ps(d, iota, splat_f16(p.add(2))), p.add(4))
+        } else {
+            (_mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0))), p.add(2))
+        };
+        // vpermw reads 5 index bits: the 16 values in both halves.
+        let table = _mm512_broadcast_i64x4(_mm512_cvtepi32_epi16(round_bits(values)));
+        let q = _mm256_cvtepu8_epi16(_mm_loadu_si128(nibbles as *const __m128i));
+        let lo = _mm256_and_si256(q, _mm256_set1_epi16(0x0f));
+        let hi = _mm256_srli_epi16::<4>(q);
+        _mm512_permutexvar_epi16(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi), table)
     }
 }
 

@@ -32,6 +32,64 @@ const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
 const XFEATURE_XTILEDATA: i64 = 18;
 const SYS_ARCH_PRCTL: i64 = 158;
 
+/// A product's B operand as the panels read it: bf16 bits, or a Q4
+/// checkpoint's blocks decoded to the same bits as each tile is packed
+/// (`crate::ops::quant_bf16`), so the weight is never held or read in bf16.
+#[derive(Clone, Copy)]
+pub(super) enum Source<'a> {
+    /// `[rows, cols]` bf16 bits, row-major.
+    Bits(&'a [u16]),
+    /// `[rows, cols]` Q4_1 (`q4_1`) or Q4_0 blocks; `cols` whole blocks.
+    Q4 { q4_1: bool, bytes: &'a [u8] },
+}
+
+impl Source<'_> {
+    /// Bytes of `n` values (a whole number of blocks for Q4).
+    fn bytes_of(self, n: usize) -> usize {
+        match self {
+            Source::Bits(_) => 2 * n,
+            Source::Q4 { q4_1, .. } => n / TK * if q4_1 { 20 } else { 18 },
+        }
+    }
+
+    /// Panics unless it holds `[rows, cols]`.
+    fn check(self, (rows, cols): (usize, usize)) {
+        match self {
+            Source::Bits(w) => assert!(w.len() >= rows * cols, "bf16 weight length"),
+            Source::Q4 { bytes, .. } => assert!(cols % TK == 0 && bytes.len() >= self.bytes_of(rows * cols), "Q4 weight length"),
+        }
+    }
+
+    /// Values `c0 .. c0 + 32` of row `r` of a `[_, cols]` operand, lanes
+    /// `mask` leaves out zero (a Q4 row is whole blocks: `c0` starts one).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW available; row `r` exists ([`Source::check`]).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    unsafe fn load32(self, r: usize, cols: usize, c0: usize, mask: u32) -> std::arch::x86_64::__m512i {
+        use std::arch::x86_64::*;
+        match self {
+            // SAFETY: the mask stops at column `cols` of row r.
+            Source::Bits(w) => unsafe { _mm512_maskz_loadu_epi16(mask, w.as_ptr().add(r * cols + c0).cast()) },
+            Source::Q4 { q4_1, bytes } => {
+                debug_assert!(c0 % TK == 0);
+                // SAFETY: block (r cols + c0) / 32 of `bytes` exists.
+                unsafe { crate::ops::quant_bf16::x86::block(q4_1, bytes.as_ptr().add(self.bytes_of(r * cols + c0))) }
+            }
+        }
+    }
+
+    /// Asks for the cache lines of values `c0 .. c0 + width` of row `r`.
+    fn prefetch(self, r: usize, cols: usize, c0: usize, width: usize) {
+        let (base, at) = match self {
+            Source::Bits(w) => (w.as_ptr().cast::<u8>(), 2 * (r * cols + c0)),
+            Source::Q4 { bytes, .. } => (bytes.as_ptr(), self.bytes_of(r * cols + c0)),
+        };
+        prefetch_bytes(base.wrapping_add(at) as usize, self.bytes_of(width));
+    }
+}
+
 /// CPUID says AMX-TILE and AMX-BF16, and Linux granted the tile state.
 pub(super) fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
@@ -94,19 +152,19 @@ impl Drop for Tiles {
     }
 }
 
-/// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` row-major bits.
-pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
+/// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]`.
+pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: Source<'_>, n: usize, k: usize) {
     forward_riding(out, x, tokens, w, (n, k), None);
 }
 
 /// [`forward`] with an optional LoRA ride.
-fn forward_riding(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), ride: Option<Ride<'_>>) {
+fn forward_riding(out: &mut [f32], x: &[f32], tokens: usize, w: Source<'_>, (n, k): (usize, usize), ride: Option<Ride<'_>>) {
     let prep = transposed_panels(w, (n, k));
     // the panel reads columns p0 .. p0 + width of rows n0 .. n0 + 32
     let touch = |n0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
         let end = n.min(n0 + 2 * TM);
         for o in n0 + (end - n0) * part / parts..n0 + (end - n0) * (part + 1) / parts {
-            prefetch_lines(&w[o * k + p0..o * k + p0 + width]);
+            w.prefetch(o, k, p0, width);
         }
     };
     product(out, x, (tokens, k), n, &prep, &touch, ride);
@@ -114,7 +172,8 @@ fn forward_riding(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): 
 
 /// The forward's panel layout of `w: [n, k]` bits (`B[p][j] = W[j][p]`):
 /// tile `(kb, half)` row `r`, pair `c` = `W[n0 + 16 half + c][p0 + 32 kb + 2r .. + 2]`.
-fn transposed_panels(w: &[u16], (n, k): (usize, usize)) -> impl Fn(usize, usize, &mut [u16]) + Sync + '_ {
+fn transposed_panels(w: Source<'_>, (n, k): (usize, usize)) -> impl Fn(usize, usize, &mut [u16]) + Sync + '_ {
+    w.check((n, k));
     move |n0, p0, panel| {
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             for (half, tile) in tiles.chunks_exact_mut(TILE_U16).enumerate() {
@@ -128,7 +187,8 @@ fn transposed_panels(w: &[u16], (n, k): (usize, usize)) -> impl Fn(usize, usize,
 /// The input gradient's panel layout of `w: [rows, cols]` bits (`B = W`):
 /// tile `(kb, half)` row `r`, pair `c` =
 /// `(W[p0 + 32 kb + 2r][n0 + 16 half + c], W[p0 + 32 kb + 2r + 1][..])`.
-fn interleaved_panels(w: &[u16], (rows, cols): (usize, usize)) -> impl Fn(usize, usize, &mut [u16]) + Sync + '_ {
+fn interleaved_panels(w: Source<'_>, (rows, cols): (usize, usize)) -> impl Fn(usize, usize, &mut [u16]) + Sync + '_ {
+    w.check((rows, cols));
     move |n0, p0, panel| {
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             // SAFETY: AMX CPUs have AVX-512; `rows_interleaved` clips to `w: [rows, cols]`.
@@ -141,8 +201,8 @@ fn interleaved_panels(w: &[u16], (rows, cols): (usize, usize)) -> impl Fn(usize,
 /// [2r, k]`, `b3 = [B_hi | B_hi | B_lo]: [n, 3r]`, bf16 bits):
 /// `xa[tokens, r] = bf16(x) A^T`, then `out = bf16(x) W^T + scale xa B^T`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), (a2, b3, r): (&[u16], &[u16], usize), scale: f32, xa: &mut [f32]) {
-    let (side_prep, ext_prep) = (transposed_panels(a2, (2 * r, k)), transposed_panels(b3, (n, 3 * r)));
+pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: Source<'_>, (n, k): (usize, usize), (a2, b3, r): (&[u16], &[u16], usize), scale: f32, xa: &mut [f32]) {
+    let (side_prep, ext_prep) = (transposed_panels(Source::Bits(a2), (2 * r, k)), transposed_panels(Source::Bits(b3), (n, 3 * r)));
     let ride = Ride { rank: r, side_prep: &side_prep, side_scale: 1.0, side: xa, ext_scale: scale, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles), token_sums: None };
     forward_riding(out, x, tokens, w, (n, k), Some(ride));
 }
@@ -157,14 +217,14 @@ pub(super) fn input_grad_lora(
     out: &mut [f32],
     dy: &[f32],
     tokens: usize,
-    w: &[u16],
+    w: Source<'_>,
     (rows, cols): (usize, usize),
     (a3, b2, r): (&[u16], &[u16], usize),
     scale: f32,
     dxa: &mut [f32],
     token_sums: Option<(&[f32], &mut [f32])>,
 ) {
-    let (side_prep, ext_prep) = (interleaved_panels(b2, (rows, 2 * r)), interleaved_panels(a3, (3 * r, cols)));
+    let (side_prep, ext_prep) = (interleaved_panels(Source::Bits(b2), (rows, 2 * r)), interleaved_panels(Source::Bits(a3), (3 * r, cols)));
     let ride = Ride { rank: r, side_prep: &side_prep, side_scale: scale, side: dxa, ext_scale: 1.0, ext_prep: &|n0, tiles| ext_prep(n0, 0, tiles), token_sums };
     input_grad_riding(out, dy, tokens, w, (rows, cols), Some(ride));
 }
@@ -175,27 +235,28 @@ pub(super) fn one_pass(m: usize, k: usize) -> bool {
     k <= k_chunk(m.next_multiple_of(2 * TM))
 }
 
-/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
-pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
+/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]`.
+pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: Source<'_>, rows: usize, cols: usize) {
     input_grad_riding(out, dy, tokens, w, (rows, cols), None);
 }
 
 /// [`input_grad`] with an optional LoRA ride.
-fn input_grad_riding(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], (rows, cols): (usize, usize), ride: Option<Ride<'_>>) {
+fn input_grad_riding(out: &mut [f32], dy: &[f32], tokens: usize, w: Source<'_>, (rows, cols): (usize, usize), ride: Option<Ride<'_>>) {
     let prep = interleaved_panels(w, (rows, cols));
     // the panel is a 32-column strip of rows p0 .. p0 + width of W
     let touch = |c0: usize, (p0, width): (usize, usize), part: usize, parts: usize| {
         for o in p0 + width * part / parts..p0 + width * (part + 1) / parts {
-            prefetch_lines(&w[o * cols + c0..o * cols + cols.min(c0 + 2 * TM)]);
+            w.prefetch(o, cols, c0, cols.min(c0 + 2 * TM) - c0);
         }
     };
     product(out, dy, (tokens, rows), cols, &prep, &touch, ride);
 }
 
-/// Asks for the cache lines of `v` to be brought into L2 (no fault, no wait).
-fn prefetch_lines(v: &[u16]) {
+/// Asks for the cache lines of `len` bytes from address `start` to be
+/// brought into L2 (no fault, no wait).
+fn prefetch_bytes(start: usize, len: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    let (start, end) = (v.as_ptr() as usize, v.as_ptr() as usize + 2 * v.len());
+    let end = start + len;
     for line in (start & !63..end).step_by(64) {
         // SAFETY: prefetch never faults; the lines belong to `v`.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(line as *const i8) };
@@ -233,14 +294,14 @@ pub(super) fn lanes(len: usize) -> u32 {
 /// # Safety
 /// AVX-512 F and BW available.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn pairs_transposed(tile: &mut [u16], w: &[u16], (n, k): (usize, usize), o0: usize, p0: usize) {
+pub(super) unsafe fn pairs_transposed(tile: &mut [u16], w: Source<'_>, (n, k): (usize, usize), o0: usize, p0: usize) {
     use std::arch::x86_64::*;
-    assert!(tile.len() == TILE_U16 && w.len() >= n * k && p0 < k.max(1));
+    assert!(tile.len() == TILE_U16 && p0 < k.max(1));
     let mask = lanes(k - p0);
     let mut r = [_mm512_setzero_si512(); TM];
     for (c, v) in r.iter_mut().enumerate().take(n.saturating_sub(o0)) {
-        // SAFETY: row o0 + c < n and the mask stops at column k.
-        *v = unsafe { _mm512_maskz_loadu_epi16(mask, w.as_ptr().add((o0 + c) * k + p0).cast()) };
+        // SAFETY: row o0 + c < n (the panel checked `w` holds [n, k]).
+        *v = unsafe { w.load32(o0 + c, k, p0, mask) };
     }
     let dst = tile.as_mut_ptr().cast::<__m512i>();
     for (i, row) in unsafe { transpose16(&r) }.iter().enumerate() {
@@ -296,14 +357,14 @@ pub(super) unsafe fn transpose16(r: &[std::arch::x86_64::__m512i; TM]) -> [std::
 /// # Safety
 /// AVX-512 F and BW available.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn rows_interleaved(tiles: &mut [u16], w: &[u16], (rows, cols): (usize, usize), o0: usize, c0: usize) {
+pub(super) unsafe fn rows_interleaved(tiles: &mut [u16], w: Source<'_>, (rows, cols): (usize, usize), o0: usize, c0: usize) {
     use std::arch::x86_64::*;
-    assert!(tiles.len() == 2 * TILE_U16 && w.len() >= rows * cols && c0 < cols.max(1));
+    assert!(tiles.len() == 2 * TILE_U16 && c0 < cols.max(1));
     let mask = lanes(cols - c0);
     let load = |o: usize| {
         if o < rows {
-            // SAFETY: row o < rows and the mask stops at column `cols`.
-            unsafe { _mm512_maskz_loadu_epi16(mask, w.as_ptr().add(o * cols + c0).cast()) }
+            // SAFETY: row o < rows (the panel checked `w` holds [rows, cols]).
+            unsafe { w.load32(o, cols, c0, mask) }
         } else {
             _mm512_setzero_si512()
         }
@@ -577,7 +638,7 @@ fn token_sums(out: &mut [f32], u: &[f32], a: &[u16], (m, k): (usize, usize), (kp
             let mb = kb2 % (mp / (2 * TM));
             let blk = &a[mb * 2 * TM * stride + kb * 2 * TILE_U16..][..2 * TILE_U16];
             // SAFETY: AMX CPUs have AVX-512; the block is a [32, 32] matrix.
-            unsafe { rows_interleaved(tiles, blk, (2 * TM, TK), 0, 0) };
+            unsafe { rows_interleaved(tiles, Source::Bits(blk), (2 * TM, TK), 0, 0) };
         }
         let _tiles = Tiles::load();
         // SAFETY: `ut_tiles` and `panel` hold 2 mp / 32 tile pairs each;
@@ -814,13 +875,13 @@ pub(super) fn forward_parts_for_bench(x: &[f32], tokens: usize, w: &[u16], n: us
         for (kb, tiles) in panel.chunks_exact_mut(2 * TILE_U16).enumerate() {
             for (half, tile) in tiles.chunks_exact_mut(TILE_U16).enumerate() {
                 // SAFETY: AMX CPUs have AVX-512.
-                unsafe { pairs_transposed(tile, w, (n, k), n0 + TM * half, TK * kb) };
+                unsafe { pairs_transposed(tile, Source::Bits(w), (n, k), n0 + TM * half, TK * kb) };
             }
         }
     }
     let prep = t.elapsed().as_secs_f64();
     let mut out = vec![0f32; tokens * n];
     let t = Instant::now();
-    forward(&mut out, x, tokens, w, n, k);
+    forward(&mut out, x, tokens, Source::Bits(w), n, k);
     [round, prep, t.elapsed().as_secs_f64()]
 }

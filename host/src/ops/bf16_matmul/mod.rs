@@ -29,6 +29,7 @@
 //! Both split the output into column panels over rayon; each output element
 //! is summed by one thread in a fixed order, so results do not depend on
 //! the thread count.
+use crate::model::source::DType;
 use half::bf16;
 #[cfg(target_arch = "x86_64")]
 use rayon::prelude::*;
@@ -119,11 +120,85 @@ pub struct Rows<'a> {
     pub len: usize,
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
     /// The window's `[len, cols]` bits.
-    fn bits(&self) -> &[u16] {
+    fn bits(&self) -> &'a [u16] {
         let c = self.matrix.cols;
         &self.matrix.bits()[self.first * c..(self.first + self.len) * c]
+    }
+}
+
+/// The frozen weight `[rows, cols]` of one product: rows of a bf16 table,
+/// or a Q4_0/Q4_1 checkpoint's blocks, which compute exactly as their bf16
+/// rounding would (`crate::ops::quant_bf16`): the AMX kernel decodes them
+/// as it packs its tiles, the other kernels decode the whole weight into a
+/// scratch table first.
+#[derive(Clone, Copy)]
+pub enum Weight<'a> {
+    /// Rows of a bf16 table.
+    Bf16(Rows<'a>),
+    /// Q4 blocks; only where `quant_bf16::decodes(dtype)`.
+    Q4 {
+        /// Q4_0 or Q4_1.
+        dtype: DType,
+        /// `rows` rows of `cols` values, whole blocks.
+        bytes: &'a [u8],
+        /// Output rows.
+        rows: usize,
+        /// Values a row.
+        cols: usize,
+    },
+}
+
+impl<'a> From<Rows<'a>> for Weight<'a> {
+    fn from(rows: Rows<'a>) -> Self {
+        Weight::Bf16(rows)
+    }
+}
+
+/// Scratch tables Q4 weights decode into for the kernels that read bf16
+/// rows (a weight of a few MB, decoded afresh per product; reused so that
+/// no product page-faults a new one in).
+static SCRATCH: std::sync::Mutex<Vec<Vec<bf16>>> = std::sync::Mutex::new(Vec::new());
+
+impl<'a> Weight<'a> {
+    /// `(rows, cols)`, after checking the weight holds them.
+    fn dims(&self) -> (usize, usize) {
+        match *self {
+            Weight::Bf16(w) => {
+                assert!(w.first + w.len <= w.matrix.rows, "bf16 row window");
+                (w.len, w.matrix.cols)
+            }
+            Weight::Q4 { dtype, bytes, rows, cols } => {
+                assert!(crate::ops::quant_bf16::decodes(dtype), "{dtype:?} blocks cannot be decoded here");
+                assert_eq!(dtype.bytes_for(cols).map(|b| b * rows), Some(bytes.len()), "Q4 weight length");
+                (rows, cols)
+            }
+        }
+    }
+
+    /// The AMX kernel's view.
+    #[cfg(target_arch = "x86_64")]
+    fn source(&self) -> amx::Source<'a> {
+        match *self {
+            Weight::Bf16(w) => amx::Source::Bits(w.bits()),
+            Weight::Q4 { dtype, bytes, .. } => amx::Source::Q4 { q4_1: dtype == DType::Q4_1, bytes },
+        }
+    }
+
+    /// Runs `product` on the weight's bf16 bits: the table's, or the blocks
+    /// decoded into a scratch table for the call.
+    fn with_bits<R>(&self, product: impl FnOnce(&[u16]) -> R) -> R {
+        match *self {
+            Weight::Bf16(w) => product(w.bits()),
+            Weight::Q4 { dtype, bytes, rows, cols } => {
+                let spare = SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+                let m = Bf16Matrix::filled(spare, rows, cols, |bits| crate::ops::quant_bf16::decode_rows(dtype, bytes, cols, bits));
+                let r = product(m.bits());
+                SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).push(m.into_vec());
+                r
+            }
+        }
     }
 }
 
@@ -213,41 +288,41 @@ pub fn avx512bf16_available() -> bool {
     }
 }
 
-/// `out[tokens, w.len] = bf16(x[tokens, cols]) W^T`.
-pub fn forward(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: Rows<'_>) {
-    let (k, n) = (w.matrix.cols, w.len);
+/// `out[tokens, rows] = bf16(x[tokens, cols]) W^T`.
+pub fn forward<'a>(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: impl Into<Weight<'a>>) {
+    let w = w.into();
+    let (n, k) = w.dims();
     assert!(x.len() == tokens * k && out.len() == tokens * n, "bf16 forward lengths");
-    assert!(w.first + w.len <= w.matrix.rows, "bf16 row window");
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        Kernel::Amx if amx::available() => amx::forward(out, x, tokens, w.bits(), n, k),
+        Kernel::Amx if amx::available() => amx::forward(out, x, tokens, w.source(), n, k),
         Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::forward(out, x, tokens, w.bits(), n, k),
+        Kernel::Avx512Bf16 if avx512bf16::available() => w.with_bits(|w| avx512bf16::forward(out, x, tokens, w, n, k)),
         Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
         #[cfg(target_arch = "aarch64")]
-        Kernel::NeonBfmmla if neon_bfmmla::available() => neon_bfmmla::forward(out, x, tokens, w.bits(), n, k),
+        Kernel::NeonBfmmla if neon_bfmmla::available() => w.with_bits(|w| neon_bfmmla::forward(out, x, tokens, w, n, k)),
         Kernel::NeonBfmmla => panic!("the BFMMLA kernel was asked for on a CPU without BF16"),
-        Kernel::Portable => portable::forward(out, x, tokens, w.bits(), n, k),
+        Kernel::Portable => w.with_bits(|w| portable::forward(out, x, tokens, w, n, k)),
     }
 }
 
-/// `out[tokens, cols] = bf16(dy[tokens, w.len]) W`.
-pub fn input_grad(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w: Rows<'_>) {
-    let (rows, cols) = (w.len, w.matrix.cols);
+/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`.
+pub fn input_grad<'a>(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize, w: impl Into<Weight<'a>>) {
+    let w = w.into();
+    let (rows, cols) = w.dims();
     assert!(dy.len() == tokens * rows && out.len() == tokens * cols, "bf16 input-gradient lengths");
-    assert!(w.first + w.len <= w.matrix.rows, "bf16 row window");
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        Kernel::Amx if amx::available() => amx::input_grad(out, dy, tokens, w.bits(), rows, cols),
+        Kernel::Amx if amx::available() => amx::input_grad(out, dy, tokens, w.source(), rows, cols),
         Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::input_grad(out, dy, tokens, w.bits(), rows, cols),
+        Kernel::Avx512Bf16 if avx512bf16::available() => w.with_bits(|w| avx512bf16::input_grad(out, dy, tokens, w, rows, cols)),
         Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
         #[cfg(target_arch = "aarch64")]
-        Kernel::NeonBfmmla if neon_bfmmla::available() => neon_bfmmla::input_grad(out, dy, tokens, w.bits(), rows, cols),
+        Kernel::NeonBfmmla if neon_bfmmla::available() => w.with_bits(|w| neon_bfmmla::input_grad(out, dy, tokens, w, rows, cols)),
         Kernel::NeonBfmmla => panic!("the BFMMLA kernel was asked for on a CPU without BF16"),
-        Kernel::Portable => portable::input_grad(out, dy, tokens, w.bits(), rows, cols),
+        Kernel::Portable => w.with_bits(|w| portable::input_grad(out, dy, tokens, w, rows, cols)),
     }
 }
 
@@ -311,14 +386,15 @@ impl LoraFactors<'_> {
 /// Returns `false`, having written nothing, when the kernel cannot carry
 /// the branch (no AMX, a reduction longer than one pass): the caller then
 /// runs the branch itself.
-pub fn forward_lora(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: Rows<'_>, lora: LoraFactors<'_>, xa: &mut [f32]) -> bool {
-    let (k, n) = (w.matrix.cols, w.len);
+pub fn forward_lora<'a>(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: impl Into<Weight<'a>>, lora: LoraFactors<'_>, xa: &mut [f32]) -> bool {
+    let w = w.into();
+    let (n, k) = w.dims();
     assert!(x.len() == tokens * k && out.len() == tokens * n, "bf16 forward lengths");
     assert!(lora.a.len() == lora.rank * k && lora.b.len() == n * lora.rank, "LoRA factor lengths");
     #[cfg(target_arch = "x86_64")]
     if lora.carried(kernel, tokens, (k, n), xa) {
         let (a2, b3) = lora.forward_bits();
-        amx::forward_lora(out, x, tokens, w.bits(), (n, k), (&a2, &b3, lora.rank), lora.scale, xa);
+        amx::forward_lora(out, x, tokens, w.source(), (n, k), (&a2, &b3, lora.rank), lora.scale, xa);
         return true;
     }
     let _ = (kernel, xa);
@@ -334,17 +410,18 @@ pub fn forward_lora(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w
 /// bf16), and returns [`Carried::BranchAndDb`]; [`Carried::Branch`] leaves
 /// `db` to the caller.
 #[allow(clippy::too_many_arguments)]
-pub fn input_grad_lora(
+pub fn input_grad_lora<'a>(
     kernel: Kernel,
     out: &mut [f32],
     dy: &[f32],
     tokens: usize,
-    w: Rows<'_>,
+    w: impl Into<Weight<'a>>,
     lora: LoraFactors<'_>,
     dxa: &mut [f32],
     db: Option<(&[f32], &mut [f32])>,
 ) -> Carried {
-    let (rows, cols) = (w.len, w.matrix.cols);
+    let w = w.into();
+    let (rows, cols) = w.dims();
     assert!(dy.len() == tokens * rows && out.len() == tokens * cols, "bf16 input-gradient lengths");
     assert!(lora.a.len() == lora.rank * cols && lora.b.len() == rows * lora.rank, "LoRA factor lengths");
     #[cfg(target_arch = "x86_64")]
@@ -354,7 +431,7 @@ pub fn input_grad_lora(
         let mut dbt = db.as_ref().map(|_| vec![0.0; r * rows]); // [r, out]
         let token_sums = db.as_ref().zip(dbt.as_deref_mut()).map(|((xa, _), dbt)| (*xa, dbt));
         let (a3, b2) = lora.input_grad_bits();
-        amx::input_grad_lora(out, dy, tokens, w.bits(), (rows, cols), (&a3, &b2, r), lora.scale, dxa, token_sums);
+        amx::input_grad_lora(out, dy, tokens, w.source(), (rows, cols), (&a3, &b2, r), lora.scale, dxa, token_sums);
         if let (Some((_, db)), Some(dbt)) = (db, dbt) {
             for (o, row) in db.chunks_exact_mut(r).enumerate() {
                 for (j, v) in row.iter_mut().enumerate() {

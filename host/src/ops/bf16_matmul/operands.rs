@@ -168,7 +168,7 @@ impl BPanels {
                 // `pairs_transposed` clips to `[rows, width]`.
                 unsafe {
                     let tile = std::slice::from_raw_parts_mut(dst.add(tile), TILE_U16);
-                    amx::pairs_transposed(tile, bits, (rows, width), 2 * TM * panel + TM * half, TK * kb);
+                    amx::pairs_transposed(tile, amx::Source::Bits(bits), (rows, width), 2 * TM * panel + TM * half, TK * kb);
                 }
             }
         });
@@ -189,7 +189,7 @@ impl BPanels {
                 // clips to `[rows, width]`.
                 unsafe {
                     let pair = std::slice::from_raw_parts_mut(dst.add(pair), 2 * TILE_U16);
-                    amx::rows_interleaved(pair, bits, (rows, width), TK * kb, 2 * TM * panel);
+                    amx::rows_interleaved(pair, amx::Source::Bits(bits), (rows, width), TK * kb, 2 * TM * panel);
                 }
             }
         });
