@@ -3,7 +3,8 @@
 # seq 256, for hexlora (frozen weights f32 and bf16; bf16 counts) and for
 # PyTorch + PEFT (float32 and bfloat16; the best counts) in the same run on
 # the same number of threads. Prints tokens/s and peak RSS of each, hexlora's
-# per-node time tables, and finally
+# per-node time tables, a roofline line (the frozen products' GFLOP/s
+# against the bf16 kernel's instruction ceiling), and finally
 #   train tok/s ratio hexlora/pytorch: X
 # Env: THREADS (2), STEPS (6), ROUNDS (3), PYTHON (/work/venv/bin/python), MODEL.
 set -euo pipefail
@@ -66,6 +67,23 @@ for round in $(seq 1 "$ROUNDS"); do
   echo "round $round: hexlora bf16 $hex tok/s, pytorch best dtype $best tok/s, ratio $r"
   ratios="$ratios $r"
 done
+
+# Roofline: the frozen products' FLOP (forward and input gradient of every
+# layer projection, STEPS x 256 tokens) over round 1's proj+lora time (which
+# also holds the LoRA branch the products carry), against the bf16 kernel's
+# instruction ceiling on THREADS threads.
+cargo build --release -q -p hexlora --example bench_train_roofline
+roof=$(RAYON_NUM_THREADS=$THREADS "${CARGO_TARGET_DIR:-target}/release/examples/bench_train_roofline" "$MODEL")
+flop=$(sed -n 's/^frozen product FLOP per token, one direction: //p' <<< "$roof")
+proj_s=$(awk '$1 == "proj+lora" { print $2 + $3 }' "$tmp/hex-bf16-1.txt")
+ceiling=$(sed -n 's/^kernel ceiling: \([0-9]*\) GFLOP.*/\1/p' <<< "$roof")
+gflops=$(awk -v f="$flop" -v n="$STEPS" -v s="$proj_s" 'BEGIN { printf "%.0f", 2 * f * 256 * n / s / 1e9 }')
+echo "$roof" | grep '^kernel ceiling'
+if [ -n "$ceiling" ]; then
+  echo "roofline: frozen products $gflops GFLOP/s in round 1 (proj+lora $proj_s s for $STEPS x 256 tokens), $(awk -v g="$gflops" -v c="$ceiling" 'BEGIN { printf "%.1f", 100 * g / c }')% of the kernel ceiling $ceiling GFLOP/s"
+else
+  echo "roofline: frozen products $gflops GFLOP/s in round 1 (proj+lora $proj_s s for $STEPS x 256 tokens); no ceiling measured for this kernel"
+fi
 
 echo "hexlora train tok/s: f32 $(awk '/^train tok\/s:/ { print $3 }' "$tmp/hex-f32-0.txt"), bf16 per round$(for f in "$tmp"/hex-bf16-*.txt; do awk '/^train tok\/s:/ { printf " %s", $3 }' "$f"; done)"
 if [ -n "$ratios" ]; then
