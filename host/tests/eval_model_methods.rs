@@ -5,7 +5,7 @@
 //! adapter (a different code path: full-sequence tape forward, fused head +
 //! cross-entropy, the graph's own LoRA branch).
 use hexlora::autograd::counter_rng;
-use hexlora::eval::model_runtime::EvalModel;
+use hexlora::eval::model_runtime::{EvalModel, LabelScore};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
 use hexlora::train::grad::evaluate;
@@ -38,14 +38,17 @@ fn answer_logprobs_equal_the_training_graph_loss_with_and_without_lora() {
         m.set_adapter(adapter).unwrap();
         let prompt = m.prompt_ids(&messages).unwrap();
         let got = m.answer_logprobs(&prompt, &answers).unwrap();
+        // the per-token score is the graph's mean loss, negated
+        let per_token = m.answer_scores(&prompt, &answers, LabelScore::Mean).unwrap();
         let empty = Adapter { config: ad.config.clone(), modules: Vec::new() };
-        for (a, lp) in answers.iter().zip(&got) {
+        for ((a, lp), pt) in answers.iter().zip(&got).zip(&per_token) {
             let batch = m.example(&messages, a, 4096).unwrap();
             let n = batch.target_count() as f64;
             assert_eq!(n as usize, m.answer_ids(a).unwrap().len());
             let mean = evaluate(&m.graph, adapter.unwrap_or(&empty), &[batch]).unwrap() as f64;
             let want = -mean * n;
             assert!((lp - want).abs() < 2e-3 * want.abs().max(1.0), "{a:?} with lora {}: {lp} vs graph {want}", adapter.is_some());
+            assert!((pt + mean).abs() < 2e-3 * mean.abs().max(1.0), "{a:?} with lora {}: per token {pt} vs graph {}", adapter.is_some(), -mean);
         }
     }
     m.set_adapter(None).unwrap();

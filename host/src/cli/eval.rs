@@ -8,7 +8,7 @@ use crate::eval::lamp::read_lamp_dir;
 use crate::eval::longlamp::{read_longlamp, LongLampTask};
 use crate::eval::method::{Decoding, Method};
 use crate::eval::model_methods::{self, Budget, ModelMethodConfig};
-use crate::eval::model_runtime::EvalModel;
+use crate::eval::model_runtime::{EvalModel, LabelScore};
 use crate::hyper::eval_method as hyper_eval;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,6 +59,22 @@ pub struct Args {
     force: bool,
 }
 
+/// `--label-score` (the library's [`LabelScore`] carries no clap derive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LabelScoreArg {
+    Mean,
+    Sum,
+}
+
+impl From<LabelScoreArg> for LabelScore {
+    fn from(a: LabelScoreArg) -> Self {
+        match a {
+            LabelScoreArg::Mean => LabelScore::Mean,
+            LabelScoreArg::Sum => LabelScore::Sum,
+        }
+    }
+}
+
 /// Settings of the model-backed methods.
 #[derive(clap::Args)]
 struct ModelArgs {
@@ -68,6 +84,12 @@ struct ModelArgs {
     /// Profile items shown to `icl`.
     #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1 << 16))]
     icl_k: usize,
+    /// How a classification task scores its labels: `mean` log-probability
+    /// per token of `label <|im_end|>` (a label's length does not count),
+    /// or `sum` (the probability of generating exactly the label; favours
+    /// labels of fewer tokens).
+    #[arg(long, value_enum, default_value_t = LabelScoreArg::Mean)]
+    label_score: LabelScoreArg,
     /// Cut every prompt (query, profile item) to this many characters (>= 1).
     #[arg(long, default_value_t = 700, value_parser = usize_in(1..=1 << 30))]
     max_prompt_chars: usize,
@@ -127,7 +149,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
         let dir = m.hypernet.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --hypernet DIR"))?;
         let model = Arc::new(EvalModel::open(path)?);
-        return Ok(Box::new(hyper_eval::HypernetMethod::open(model, path, dir, m.max_prompt_chars)?));
+        return Ok(Box::new(hyper_eval::HypernetMethod::open(model, path, dir, m.max_prompt_chars)?.with_label_score(m.label_score.into())));
     }
     let known = || format!("{}, {}, {}", baselines::NAMES.join(", "), model_methods::NAMES.join(", "), hyper_eval::NAME);
     anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
@@ -153,6 +175,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         seed: args.seed,
         work_dir: m.work_dir.clone().unwrap_or_else(|| args.out.join(format!("train-{task}"))),
         common_adapter: m.common_adapter.clone(),
+        label_score: m.label_score.into(),
     };
     Ok(Box::new(model_methods::by_name(name, model, cfg).expect("name checked above").with_user_epochs(m.user_epochs)))
 }

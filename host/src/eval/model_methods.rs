@@ -11,7 +11,7 @@
 use super::bench::{mail, quotes, sotu};
 use super::dataset::{ProfileItem, Query, Split, User};
 use super::method::{Decoding, Method, UserPrep};
-use super::model_runtime::EvalModel;
+use super::model_runtime::{EvalModel, LabelScore};
 use super::rouge::Rouge;
 use super::task::{TaskKind, TaskSpec};
 use crate::autograd::counter_rng;
@@ -77,6 +77,8 @@ pub struct ModelMethodConfig {
     pub work_dir: PathBuf,
     /// Load the common LoRA from this PEFT directory instead of training it.
     pub common_adapter: Option<PathBuf>,
+    /// How classification scores its labels.
+    pub label_score: LabelScore,
 }
 
 /// Which adapter (if any) a method answers with, and how it gets it.
@@ -162,10 +164,10 @@ fn cut(text: &str, max: usize) -> String {
 /// `decoding.samples` answers to `messages` with whatever adapter is set.
 /// Classification scores every label by its log-likelihood (see
 /// [`classify`]); generation decodes freely.
-pub fn answer(model: &EvalModel, spec: &TaskSpec, query: &Query, messages: &[Message], decoding: &Decoding) -> Result<Vec<String>> {
+pub fn answer(model: &EvalModel, spec: &TaskSpec, query: &Query, messages: &[Message], decoding: &Decoding, score: LabelScore) -> Result<Vec<String>> {
     let prompt = model.prompt_ids(messages)?;
     match &spec.kind {
-        TaskKind::Classification { labels } => Ok(classify(labels, &model.answer_logprobs(&prompt, labels)?, query, decoding)),
+        TaskKind::Classification { labels } => Ok(classify(labels, &model.answer_scores(&prompt, labels, score)?, query, decoding)),
         TaskKind::Generation => {
             let seeds: Vec<u64> = (0..decoding.samples).map(|i| decoding.sample_seed(&query.id, i)).collect();
             model.generate_samples(&prompt, decoding.temperature, &seeds, decoding.max_new_tokens)
@@ -452,9 +454,9 @@ impl Method for ModelMethod {
         };
         self.model.set_adapter(adapter)?;
         let messages = self.messages(spec, user, query);
-        let Some(labels) = spec.labels() else { return answer(&self.model, spec, query, &messages, decoding) };
+        let Some(labels) = spec.labels() else { return answer(&self.model, spec, query, &messages, decoding, self.cfg.label_score) };
         if !self.scored.contains_key(&query.id) {
-            let lp = self.model.answer_logprobs(&self.model.prompt_ids(&messages)?, labels)?;
+            let lp = self.model.answer_scores(&self.model.prompt_ids(&messages)?, labels, self.cfg.label_score)?;
             self.scored.insert(query.id.clone(), lp);
         }
         Ok(classify(labels, &self.scored[&query.id], query, decoding))

@@ -20,6 +20,19 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+/// How a label's log-likelihood becomes its score when a classification
+/// task picks or samples among its labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LabelScore {
+    /// The mean log-probability of the tokens of `label <|im_end|>`: a
+    /// label's length does not count against it.
+    Mean,
+    /// Their sum, the probability of generating exactly the label and
+    /// stopping: favours labels of fewer tokens.
+    Sum,
+}
+
 /// A model ready for evaluation and per-user training.
 pub struct EvalModel {
     /// Inference model; its projections carry adapter slots.
@@ -123,6 +136,12 @@ impl EvalModel {
     /// once and its state forked per answer. Summed over the answer's tokens,
     /// so it is the probability of generating exactly that answer and stopping.
     pub fn answer_logprobs(&self, prompt: &[u32], answers: &[String]) -> Result<Vec<f64>> {
+        self.answer_scores(prompt, answers, LabelScore::Sum)
+    }
+
+    /// Each answer's score: its log-likelihood ([`Self::answer_logprobs`])
+    /// as `score` says, summed or per token.
+    pub fn answer_scores(&self, prompt: &[u32], answers: &[String], score: LabelScore) -> Result<Vec<f64>> {
         let (state, first) = prefill(&self.model, prompt)?;
         answers
             .iter()
@@ -137,7 +156,10 @@ impl EvalModel {
                 for (row, &t) in rows.zip(&ids) {
                     total += log_softmax_at(row, t as usize)?;
                 }
-                Ok(total)
+                Ok(match score {
+                    LabelScore::Sum => total,
+                    LabelScore::Mean => total / ids.len() as f64,
+                })
             })
             .collect()
     }

@@ -13,7 +13,7 @@ use super::HyperNet;
 use crate::eval::dataset::{Query, Split, User};
 use crate::eval::method::{Decoding, Method, UserPrep};
 use crate::eval::model_methods::{answer, classify};
-use crate::eval::model_runtime::EvalModel;
+use crate::eval::model_runtime::{EvalModel, LabelScore};
 use crate::eval::task::TaskSpec;
 use crate::lora::Adapter;
 use crate::model::chat::Message;
@@ -34,6 +34,8 @@ pub struct HypernetMethod {
     text: ModelText,
     dir: PathBuf,
     max_prompt_chars: usize,
+    /// How classification scores its labels.
+    label_score: LabelScore,
     /// The current user's synthesized LoRA (`None`: no profile, base model).
     user: Option<Adapter>,
     /// Label log-likelihoods of the current user's queries, reused across a sweep.
@@ -51,7 +53,13 @@ impl HypernetMethod {
     pub fn open(model: Arc<EvalModel>, model_path: &Path, dir: &Path, max_prompt_chars: usize) -> Result<Self> {
         let net = HyperNet::load(dir, &model.graph)?;
         let text = ModelText::open(model_path)?;
-        Ok(HypernetMethod { model, net, text, dir: dir.to_path_buf(), max_prompt_chars, user: None, scored: HashMap::new() })
+        Ok(HypernetMethod { model, net, text, dir: dir.to_path_buf(), max_prompt_chars, label_score: LabelScore::Mean, user: None, scored: HashMap::new() })
+    }
+
+    /// Scores classification labels as `score` says (default: per token).
+    pub fn with_label_score(mut self, score: LabelScore) -> Self {
+        self.label_score = score;
+        self
     }
 
     /// The hypernetwork's input for `user`: token ids of the rendered profile.
@@ -72,6 +80,7 @@ impl Method for HypernetMethod {
             "hypernet": self.dir.display().to_string(),
             "hyper_config": self.net.config,
             "max_prompt_chars": self.max_prompt_chars,
+            "label_score": self.label_score,
         })
     }
 
@@ -96,9 +105,9 @@ impl Method for HypernetMethod {
     fn predict(&mut self, spec: &TaskSpec, _user: &User, query: &Query, decoding: &Decoding) -> Result<Vec<String>> {
         self.model.set_adapter(self.user.as_ref())?;
         let messages = [Message::new("user", &cut(&query.input, self.max_prompt_chars))];
-        let Some(labels) = spec.labels() else { return answer(&self.model, spec, query, &messages, decoding) };
+        let Some(labels) = spec.labels() else { return answer(&self.model, spec, query, &messages, decoding, self.label_score) };
         if !self.scored.contains_key(&query.id) {
-            let lp = self.model.answer_logprobs(&self.model.prompt_ids(&messages)?, labels)?;
+            let lp = self.model.answer_scores(&self.model.prompt_ids(&messages)?, labels, self.label_score)?;
             self.scored.insert(query.id.clone(), lp);
         }
         Ok(classify(labels, &self.scored[&query.id], query, decoding))
