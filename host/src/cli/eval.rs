@@ -32,8 +32,10 @@ pub struct Args {
     #[arg(long, default_value = "train")]
     train_split: String,
     /// Method name: model-free majority-global, majority-user,
-    /// nearest-profile; with --model base, icl, common-lora, user-lora, mezo,
-    /// hypernet (with --hypernet).
+    /// nearest-profile; with --model base, icl, common-lora, user-lora
+    /// (trained through the split runtime, DSP firmware in process),
+    /// user-lora-f32 (frozen products in f32 on the CPU), mezo, hypernet
+    /// (with --hypernet).
     #[arg(long)]
     method: String,
     /// Evaluate only the first N users of the split (0 = all).

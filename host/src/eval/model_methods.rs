@@ -17,7 +17,12 @@ use super::task::{TaskKind, TaskSpec};
 use crate::autograd::counter_rng;
 use crate::lora::{Adapter, LoraConfig};
 use crate::model::chat::Message;
+use crate::model::checkpoint::Checkpoint;
+use crate::npu::{NpuClient, NpuOptions, PrecisionPolicy, TransportKind};
 use crate::optim::adamw::AdamWConfig;
+use crate::runtime::plan_cache::PlanCache;
+use crate::runtime::planner::Buckets;
+use crate::runtime::split_model::{load_split, DspSide, SplitModel};
 use crate::optim::mezo::Mezo;
 use crate::optim::schedule::{Decay, Schedule};
 use crate::train::grad::evaluate;
@@ -34,7 +39,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Names of the model-backed methods (`icl` takes its k from the config).
-pub const NAMES: [&str; 5] = ["base", "icl", "common-lora", "user-lora", "mezo"];
+pub const NAMES: [&str; 6] = ["base", "icl", "common-lora", "user-lora", "user-lora-f32", "mezo"];
 
 /// Optimizer steps of one training run (one example per step).
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -90,8 +95,14 @@ pub enum MethodKind {
     Icl,
     /// One LoRA trained on the train split's users.
     CommonLora,
-    /// The common LoRA fine-tuned on the user's profile by backprop + Adam.
+    /// The common LoRA fine-tuned on the user's profile by backprop + Adam,
+    /// trained through the split runtime as `personalize` trains: every
+    /// frozen product routed to the DSP service (the firmware in process)
+    /// at the default precision policy, the planner's probes deciding.
     UserLora,
+    /// The same training with every frozen product on the CPU in f32 (the
+    /// reference the seed calls "GPU-trained").
+    UserLoraF32,
     /// The common LoRA fine-tuned on the user's profile by MeZO.
     Mezo,
 }
@@ -109,7 +120,13 @@ pub struct ModelMethod {
     scored: HashMap<String, Vec<f64>>,
     /// Per-user steps as epochs over the user's profile (0: `cfg.user.steps`).
     user_epochs: u64,
+    /// `user-lora`'s training graph, routed by the split runtime (made at
+    /// the first user).
+    split: Option<(DspSide, SplitModel)>,
 }
+
+/// Token buckets `user-lora`'s planner validates (`personalize`'s default).
+const SPLIT_BUCKETS: &str = "32,64,128,256,512";
 
 /// At most this many train examples are held out to measure the common
 /// LoRA's loss before and after training.
@@ -122,10 +139,11 @@ pub fn by_name(name: &str, model: Arc<EvalModel>, cfg: ModelMethodConfig) -> Opt
         "icl" => MethodKind::Icl,
         "common-lora" => MethodKind::CommonLora,
         "user-lora" => MethodKind::UserLora,
+        "user-lora-f32" => MethodKind::UserLoraF32,
         "mezo" => MethodKind::Mezo,
         _ => return None,
     };
-    Some(ModelMethod { kind, model, cfg, common: None, user: None, rouge: Rouge::new(), scored: HashMap::new(), user_epochs: 0 })
+    Some(ModelMethod { kind, model, cfg, common: None, user: None, rouge: Rouge::new(), scored: HashMap::new(), user_epochs: 0, split: None })
 }
 
 /// Every `n / HELD_OUT`-th example (at least every 2nd) taken out of
@@ -275,6 +293,10 @@ impl ModelMethod {
     /// trainer; a start from an existing adapter is written as the run's
     /// first commit, which the trainer then resumes.
     fn train_into(&self, data: &[Batch], budget: Budget, seed: u64, init: Option<&Adapter>, dir: &Path) -> Result<(Adapter, UserPrep)> {
+        let graph: &dyn TrainableModel = match &self.split {
+            Some((_, split)) if self.kind == MethodKind::UserLora => &*split.graph,
+            _ => &self.model.graph,
+        };
         let start = Instant::now();
         fresh_dir(dir)?;
         let config = self.train_config(budget, seed);
@@ -282,7 +304,7 @@ impl ModelMethod {
             commit_start(init, &config, data, dir)?;
         }
         let run = RunOptions { resume: init.is_some(), ..RunOptions::quiet() };
-        let state = train(&self.model.graph, data, &config, dir, run)?;
+        let state = train(graph, data, &config, dir, run)?;
         Ok((state.adapter, prep_of(&state.history, start)))
     }
 
@@ -316,6 +338,22 @@ impl ModelMethod {
         state.cursor += 1;
         let tokens = 2 * batch.input_ids[0].len() as u64;
         Ok(StepRecord { step: state.step, loss: measured.loss, lr, grad_norm: measured.projected_grad.abs(), tokens, seconds: start.elapsed().as_secs_f64() })
+    }
+
+    /// Routes `user-lora`'s training graph through the split runtime once:
+    /// the in-process DSP service, the default precision policy and the
+    /// token buckets `personalize` validates, every route probed afresh.
+    fn ensure_split(&mut self) -> Result<()> {
+        if self.kind != MethodKind::UserLora || self.split.is_some() {
+            return Ok(());
+        }
+        let ckpt = Checkpoint::open(&self.model.path)?;
+        let client = NpuClient::connect(TransportKind::InProcess, &NpuOptions::default())?;
+        let side = DspSide::Npu { client, policy: PrecisionPolicy::default() };
+        let buckets = Arc::new(Buckets::parse(SPLIT_BUCKETS)?);
+        let split = load_split(&ckpt, &side, buckets, false, &PlanCache::disabled())?;
+        self.split = Some((side, split));
+        Ok(())
     }
 
     fn common_adapter(&self) -> Result<&Adapter> {
@@ -377,6 +415,7 @@ impl Method for ModelMethod {
             MethodKind::Icl => format!("icl-k{}", self.cfg.icl_k),
             MethodKind::CommonLora => "common-lora".into(),
             MethodKind::UserLora => "user-lora".into(),
+            MethodKind::UserLoraF32 => "user-lora-f32".into(),
             MethodKind::Mezo => "mezo".into(),
         }
     }
@@ -385,6 +424,12 @@ impl Method for ModelMethod {
         let mut v = serde_json::to_value(&self.cfg).unwrap_or_default();
         if let Some(obj) = v.as_object_mut() {
             obj.insert("user_epochs".into(), self.user_epochs.into());
+            let frozen = match (&self.split, self.kind) {
+                (Some((_, split)), _) => format!("split runtime: in-process DSP service, default precision policy, buckets {SPLIT_BUCKETS}; {}", split.routes.summary()),
+                (None, MethodKind::UserLora) => "split runtime (not yet routed: no user trained)".into(),
+                _ => "CPU f32".into(),
+            };
+            obj.insert("frozen_products".into(), frozen.into());
         }
         v
     }
@@ -426,9 +471,10 @@ impl Method for ModelMethod {
     fn prepare_user(&mut self, spec: &TaskSpec, user: &User) -> Result<UserPrep> {
         self.user = None;
         self.scored.clear();
-        if !matches!(self.kind, MethodKind::UserLora | MethodKind::Mezo) {
+        if !matches!(self.kind, MethodKind::UserLora | MethodKind::UserLoraF32 | MethodKind::Mezo) {
             return Ok(UserPrep::default());
         }
+        self.ensure_split()?;
         let data = self.profile_examples(spec, user)?;
         if data.is_empty() {
             // Nothing to personalise on: the user keeps the common LoRA.
@@ -436,7 +482,7 @@ impl Method for ModelMethod {
         }
         let seed = self.user_seed(user);
         let (adapter, prep) = match self.kind {
-            MethodKind::UserLora => {
+            MethodKind::UserLora | MethodKind::UserLoraF32 => {
                 let common = self.common_adapter()?.clone();
                 self.train_into(&data, self.user_budget(data.len()), seed, Some(&common), &self.user_dir(user))?
             }
@@ -450,7 +496,7 @@ impl Method for ModelMethod {
         let adapter = match self.kind {
             MethodKind::Base | MethodKind::Icl => None,
             MethodKind::CommonLora => Some(self.common_adapter()?),
-            MethodKind::UserLora | MethodKind::Mezo => Some(self.user.as_ref().map_or_else(|| self.common_adapter(), Ok)?),
+            MethodKind::UserLora | MethodKind::UserLoraF32 | MethodKind::Mezo => Some(self.user.as_ref().map_or_else(|| self.common_adapter(), Ok)?),
         };
         self.model.set_adapter(adapter)?;
         let messages = self.messages(spec, user, query);

@@ -35,6 +35,8 @@ pub enum LabelScore {
 
 /// A model ready for evaluation and per-user training.
 pub struct EvalModel {
+    /// The checkpoint it was opened from.
+    pub path: std::path::PathBuf,
     /// Inference model; its projections carry adapter slots.
     pub model: Model,
     /// Training graph sharing the frozen projections with `model`.
@@ -51,10 +53,10 @@ impl EvalModel {
     /// Opens a GGUF file or a Hugging Face directory (ChatML models only).
     pub fn open(path: &Path) -> Result<Self> {
         let ckpt = Checkpoint::open(path)?;
-        Self::build(ckpt.tensors(), ckpt.config.clone(), ckpt.tokenizer()?, ckpt.template()?)
+        Self::build(path, ckpt.tensors(), ckpt.config.clone(), ckpt.tokenizer()?, ckpt.template()?)
     }
 
-    fn build(src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, chat: ChatTemplate) -> Result<Self> {
+    fn build(path: &Path, src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, chat: ChatTemplate) -> Result<Self> {
         // Each frozen weight is dequantized once and shared by both models.
         let shared: RefCell<HashMap<String, Arc<dyn Projection>>> = RefCell::default();
         let get = |info: ProjectionInfo, raw: &RawTensor<'_>| -> Result<Arc<dyn Projection>> {
@@ -73,7 +75,7 @@ impl EvalModel {
             .token_to_id("<|im_end|>")
             .ok_or_else(|| Error::Unsupported("evaluation needs a ChatML model (no <|im_end|> token)".into()))?;
         let stop = tokenizer.stop_ids(&model.config.eos_token_ids);
-        Ok(EvalModel { model, graph, tokenizer, chat, slots: slots.into_inner(), end_of_turn, stop })
+        Ok(EvalModel { path: path.to_path_buf(), model, graph, tokenizer, chat, slots: slots.into_inner(), end_of_turn, stop })
     }
 
     /// Puts `adapter` into the inference model; `None` restores the base model.

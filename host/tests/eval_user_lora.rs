@@ -1,0 +1,99 @@
+//! `user-lora` trains each user's LoRA through the split runtime, as
+//! `personalize` does (every frozen product routed to the in-process DSP
+//! service at the default precision policy, Q8_0 for attention and MLP),
+//! and `user-lora-f32` the same steps with the frozen products in f32 on
+//! the CPU. On the tiny ChatML Llama (fixtures/hyper/eval-model): the split
+//! run must really route products to the DSP, and move the common LoRA the
+//! way the f32 run does: its update may differ by the Q8_0 weights' error
+//! (the planner's tolerance is 3e-2 per product), not by more.
+use hexlora::autograd::counter_rng;
+use hexlora::eval::dataset::{ProfileItem, Query, Split, User};
+use hexlora::eval::method::Method;
+use hexlora::eval::model_methods::{self, Budget, ModelMethodConfig};
+use hexlora::eval::model_runtime::{EvalModel, LabelScore};
+use hexlora::eval::task::TaskSpec;
+use hexlora::lora::{Adapter, LoraConfig};
+use hexlora::train::graph::TrainableModel;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// q, v and up read the 32-wide hidden state: whole Q8_0 blocks, so the
+/// DSP can hold them.
+const TARGETS: [&str; 3] = ["q_proj", "v_proj", "up_proj"];
+
+fn common(m: &EvalModel) -> Adapter {
+    let config = LoraConfig { r: 2, alpha: 4.0, target_modules: TARGETS.map(String::from).to_vec(), dropout: 0.0, use_rslora: false, base_model: String::new() };
+    let mut ad = Adapter::init(config, &m.graph.projections(), 3).unwrap();
+    for (k, module) in ad.modules.iter_mut().enumerate() {
+        let s = counter_rng::derive(4, k as u64);
+        module.b.data.iter_mut().enumerate().for_each(|(i, v)| *v = 0.5 * counter_rng::normal(s, i as u64));
+    }
+    ad
+}
+
+fn user() -> User {
+    let item = |id: &str, text: &str, tag: &str| ProfileItem { id: id.into(), fields: BTreeMap::from([("text".to_string(), text.to_string()), ("tag".to_string(), tag.to_string())]) };
+    User {
+        id: "ann".into(),
+        profile: vec![item("a1", "paint the wall", "art"), item("a2", "judge and jury", "law"), item("a3", "a clay bust", "art")],
+        queries: vec![Query { id: "q1".into(), input: "a painting of clay".into(), gold: Some("art".into()) }],
+    }
+}
+
+/// Every factor of `a` minus `b`, flattened.
+fn delta(a: &Adapter, b: &Adapter) -> Vec<f64> {
+    a.modules.iter().zip(&b.modules).flat_map(|(x, y)| [(&x.a, &y.a), (&x.b, &y.b)]).flat_map(|(x, y)| x.data.iter().zip(&y.data).map(|(p, q)| (*p - *q) as f64).collect::<Vec<_>>()).collect()
+}
+
+fn norm(v: &[f64]) -> f64 {
+    v.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+#[test]
+fn user_lora_through_the_split_runtime_moves_the_adapter_as_the_f32_run_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper/eval-model");
+    let model = Arc::new(EvalModel::open(&dir).unwrap());
+    let work = tempfile::tempdir().unwrap();
+    let common_dir = work.path().join("common");
+    let start = common(&model);
+    start.save(&common_dir).unwrap();
+    let labels = vec!["art".to_string(), "law".to_string()];
+    let split = Split { spec: TaskSpec::for_task("quotes-tag", Some(labels)).unwrap(), users: vec![user()] };
+    let cfg = ModelMethodConfig {
+        icl_k: 0,
+        max_prompt_chars: 300,
+        max_len: 64,
+        rank: 2,
+        alpha: 4.0,
+        targets: TARGETS.map(String::from).to_vec(),
+        common: Budget { steps: 0, lr: 0.0 },
+        user: Budget { steps: 6, lr: 2e-2 },
+        mezo_lr: 0.0,
+        mezo_eps: 0.0,
+        seed: 5,
+        work_dir: work.path().join("runs"),
+        common_adapter: Some(common_dir),
+        label_score: LabelScore::Mean,
+    };
+    let mut trained = Vec::new();
+    for name in ["user-lora", "user-lora-f32"] {
+        let mut m = model_methods::by_name(name, model.clone(), cfg.clone()).unwrap();
+        m.prepare_population(&split).unwrap();
+        m.prepare_user(&split.spec, &split.users[0]).unwrap();
+        let frozen = m.config()["frozen_products"].as_str().unwrap().to_string();
+        println!("{name}: {frozen}");
+        if name == "user-lora" {
+            assert!(frozen.contains("routes on the DSP") && !frozen.contains(" 0 of "), "{frozen}");
+        } else {
+            assert_eq!(frozen, "CPU f32");
+        }
+        let adapter_dir: PathBuf = work.path().join("runs").join(name).join("ann").join("adapter");
+        trained.push(Adapter::load(&adapter_dir).unwrap());
+    }
+    let (on_dsp, f32_run) = (delta(&trained[0], &start), delta(&trained[1], &start));
+    let gap: Vec<f64> = on_dsp.iter().zip(&f32_run).map(|(a, b)| a - b).collect();
+    println!("update norm: f32 {:.3e}, split {:.3e}, their difference {:.3e}", norm(&f32_run), norm(&on_dsp), norm(&gap));
+    assert!(norm(&f32_run) > 1e-3, "the user's steps must move the adapter");
+    assert!(norm(&gap) < 0.1 * norm(&f32_run), "the split run's update strays from the f32 run's");
+}
