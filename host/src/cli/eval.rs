@@ -32,7 +32,9 @@ pub struct Args {
     #[arg(long, default_value = "train")]
     train_split: String,
     /// Method name: model-free majority-global, majority-user,
-    /// nearest-profile; with --model base, icl, common-lora, user-lora
+    /// nearest-profile; with --model base, icl, common-lora, metaicl-lora
+    /// (a common LoRA trained and answering with the user's ICL prefix of
+    /// --icl-k items), user-lora
     /// (trained through the split runtime, DSP firmware in process),
     /// user-lora-f32 (frozen products in f32 on the CPU), mezo, hypernet
     /// (with --hypernet).

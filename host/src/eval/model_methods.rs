@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Names of the model-backed methods (`icl` takes its k from the config).
-pub const NAMES: [&str; 6] = ["base", "icl", "common-lora", "user-lora", "user-lora-f32", "mezo"];
+pub const NAMES: [&str; 7] = ["base", "icl", "common-lora", "metaicl-lora", "user-lora", "user-lora-f32", "mezo"];
 
 /// Optimizer steps of one training run (one example per step).
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -95,6 +95,10 @@ pub enum MethodKind {
     Icl,
     /// One LoRA trained on the train split's users.
     CommonLora,
+    /// One LoRA trained on the train split's users with each example
+    /// preceded by its user's ICL prefix (k profile items as chat turns),
+    /// and answering with that prefix: the seed's MetaICL-style baseline.
+    MetaIclLora,
     /// The common LoRA fine-tuned on the user's profile by backprop + Adam,
     /// trained through the split runtime as `personalize` trains: every
     /// frozen product routed to the DSP service (the firmware in process)
@@ -138,6 +142,7 @@ pub fn by_name(name: &str, model: Arc<EvalModel>, cfg: ModelMethodConfig) -> Opt
         "base" => MethodKind::Base,
         "icl" => MethodKind::Icl,
         "common-lora" => MethodKind::CommonLora,
+        "metaicl-lora" => MethodKind::MetaIclLora,
         "user-lora" => MethodKind::UserLora,
         "user-lora-f32" => MethodKind::UserLoraF32,
         "mezo" => MethodKind::Mezo,
@@ -262,18 +267,39 @@ impl ModelMethod {
     /// the k profile items sharing the most ROUGE-1 with it (most similar last).
     fn messages(&self, spec: &TaskSpec, user: &User, query: &Query) -> Vec<Message> {
         let mut turns = Vec::new();
-        if self.kind == MethodKind::Icl {
-            let mut scored: Vec<(f64, &ProfileItem)> =
-                user.profile.iter().map(|p| (self.rouge.score(&p.pair(spec).0, &query.input).rouge1, p)).collect();
-            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
-            for (_, item) in scored.into_iter().take(self.cfg.icl_k).rev() {
-                let (input, output) = item.pair(spec);
-                turns.push(Message::new("user", &cut(&item_prompt(spec, &input), self.cfg.max_prompt_chars)));
-                turns.push(Message::new("assistant", &output));
-            }
+        if matches!(self.kind, MethodKind::Icl | MethodKind::MetaIclLora) {
+            turns = self.icl_prefix(spec, user, &query.input, None);
         }
         turns.push(Message::new("user", &cut(&query.input, self.cfg.max_prompt_chars)));
         turns
+    }
+
+    /// The ICL turns for `input`: the k profile items of `user` (but
+    /// `skip`) sharing the most ROUGE-1 with it, most similar last.
+    fn icl_prefix(&self, spec: &TaskSpec, user: &User, input: &str, skip: Option<&str>) -> Vec<Message> {
+        let mut scored: Vec<(f64, &ProfileItem)> = user
+            .profile
+            .iter()
+            .filter(|p| Some(p.id.as_str()) != skip)
+            .map(|p| (self.rouge.score(&p.pair(spec).0, input).rouge1, p))
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+        let mut turns = Vec::new();
+        for (_, item) in scored.into_iter().take(self.cfg.icl_k).rev() {
+            let (input, output) = item.pair(spec);
+            turns.push(Message::new("user", &cut(&item_prompt(spec, &input), self.cfg.max_prompt_chars)));
+            turns.push(Message::new("assistant", &output));
+        }
+        turns
+    }
+
+    /// A common-LoRA training example: `input` (already in prompt form)
+    /// answered by `answer`, after the user's ICL prefix for `metaicl-lora`
+    /// (profile item `skip` left out of it: an example never shows itself).
+    fn population_example(&self, spec: &TaskSpec, user: &User, input: &str, answer: &str, skip: Option<&str>) -> Result<Batch> {
+        let mut msgs = if self.kind == MethodKind::MetaIclLora { self.icl_prefix(spec, user, input, skip) } else { Vec::new() };
+        msgs.push(Message::new("user", &cut(input, self.cfg.max_prompt_chars)));
+        self.model.example(&msgs, answer, self.cfg.max_len)
     }
 
     /// A training example from one (input, answer) pair.
@@ -414,6 +440,7 @@ impl Method for ModelMethod {
             MethodKind::Base => "base".into(),
             MethodKind::Icl => format!("icl-k{}", self.cfg.icl_k),
             MethodKind::CommonLora => "common-lora".into(),
+            MethodKind::MetaIclLora => "metaicl-lora".into(),
             MethodKind::UserLora => "user-lora".into(),
             MethodKind::UserLoraF32 => "user-lora-f32".into(),
             MethodKind::Mezo => "mezo".into(),
@@ -443,13 +470,16 @@ impl Method for ModelMethod {
             return Ok(());
         }
         // Profile items and answered questions of the train users.
+        let spec = &train.spec;
         let mut data = Vec::new();
         for user in &train.users {
-            data.extend(self.profile_examples(&train.spec, user)?);
+            for p in &user.profile {
+                let (input, output) = p.pair(spec);
+                data.push(self.population_example(spec, user, &item_prompt(spec, &input), &output, Some(&p.id))?);
+            }
             for q in &user.queries {
                 if let Some(gold) = &q.gold {
-                    let msg = [Message::new("user", &cut(&q.input, self.cfg.max_prompt_chars))];
-                    data.push(self.model.example(&msg, gold, self.cfg.max_len)?);
+                    data.push(self.population_example(spec, user, &q.input, gold, None)?);
                 }
             }
         }
@@ -457,7 +487,7 @@ impl Method for ModelMethod {
             return Err(Error::invalid("train split", "no examples to train the common LoRA on"));
         }
         let (data, held) = hold_out(data);
-        let dir = self.cfg.work_dir.join("common-lora");
+        let dir = self.cfg.work_dir.join(if self.kind == MethodKind::MetaIclLora { "metaicl-lora" } else { "common-lora" });
         // A fresh PEFT adapter has B = 0: its loss is the base model's.
         let fresh = Adapter::init(self.lora_config(), &self.model.graph.projections(), 0)?;
         let before = evaluate(&self.model.graph, &fresh, &held)?;
@@ -495,7 +525,7 @@ impl Method for ModelMethod {
     fn predict(&mut self, spec: &TaskSpec, user: &User, query: &Query, decoding: &Decoding) -> Result<Vec<String>> {
         let adapter = match self.kind {
             MethodKind::Base | MethodKind::Icl => None,
-            MethodKind::CommonLora => Some(self.common_adapter()?),
+            MethodKind::CommonLora | MethodKind::MetaIclLora => Some(self.common_adapter()?),
             MethodKind::UserLora | MethodKind::UserLoraF32 | MethodKind::Mezo => Some(self.user.as_ref().map_or_else(|| self.common_adapter(), Ok)?),
         };
         self.model.set_adapter(adapter)?;

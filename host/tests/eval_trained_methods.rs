@@ -1,3 +1,5 @@
+//! The methods that train adapters inside `hexlora eval`.
+//!
 //! `user-lora` trains each user's LoRA through the split runtime, as
 //! `personalize` does (every frozen product routed to the in-process DSP
 //! service at the default precision policy, Q8_0 for attention and MLP),
@@ -6,6 +8,11 @@
 //! run must really route products to the DSP, and move the common LoRA the
 //! way the f32 run does: its update may differ by the Q8_0 weights' error
 //! (the planner's tolerance is 3e-2 per product), not by more.
+//!
+//! `metaicl-lora` trains the common LoRA with each example preceded by its
+//! user's ICL prefix: with no profile items in the prefix (k = 0) its
+//! examples, and so its adapter, are exactly `common-lora`'s; with k = 2
+//! they are not.
 use hexlora::autograd::counter_rng;
 use hexlora::eval::dataset::{ProfileItem, Query, Split, User};
 use hexlora::eval::method::Method;
@@ -30,6 +37,25 @@ fn common(m: &EvalModel) -> Adapter {
         module.b.data.iter_mut().enumerate().for_each(|(i, v)| *v = 0.5 * counter_rng::normal(s, i as u64));
     }
     ad
+}
+
+fn cfg(work: &Path, common_adapter: Option<PathBuf>) -> ModelMethodConfig {
+    ModelMethodConfig {
+        icl_k: 0,
+        max_prompt_chars: 300,
+        max_len: 64,
+        rank: 2,
+        alpha: 4.0,
+        targets: TARGETS.map(String::from).to_vec(),
+        common: Budget { steps: 4, lr: 1e-2 },
+        user: Budget { steps: 6, lr: 2e-2 },
+        mezo_lr: 0.0,
+        mezo_eps: 0.0,
+        seed: 5,
+        work_dir: work.join("runs"),
+        common_adapter,
+        label_score: LabelScore::Mean,
+    }
 }
 
 fn user() -> User {
@@ -60,22 +86,7 @@ fn user_lora_through_the_split_runtime_moves_the_adapter_as_the_f32_run_does() {
     start.save(&common_dir).unwrap();
     let labels = vec!["art".to_string(), "law".to_string()];
     let split = Split { spec: TaskSpec::for_task("quotes-tag", Some(labels)).unwrap(), users: vec![user()] };
-    let cfg = ModelMethodConfig {
-        icl_k: 0,
-        max_prompt_chars: 300,
-        max_len: 64,
-        rank: 2,
-        alpha: 4.0,
-        targets: TARGETS.map(String::from).to_vec(),
-        common: Budget { steps: 0, lr: 0.0 },
-        user: Budget { steps: 6, lr: 2e-2 },
-        mezo_lr: 0.0,
-        mezo_eps: 0.0,
-        seed: 5,
-        work_dir: work.path().join("runs"),
-        common_adapter: Some(common_dir),
-        label_score: LabelScore::Mean,
-    };
+    let cfg = cfg(work.path(), Some(common_dir));
     let mut trained = Vec::new();
     for name in ["user-lora", "user-lora-f32"] {
         let mut m = model_methods::by_name(name, model.clone(), cfg.clone()).unwrap();
@@ -96,4 +107,28 @@ fn user_lora_through_the_split_runtime_moves_the_adapter_as_the_f32_run_does() {
     println!("update norm: f32 {:.3e}, split {:.3e}, their difference {:.3e}", norm(&f32_run), norm(&on_dsp), norm(&gap));
     assert!(norm(&f32_run) > 1e-3, "the user's steps must move the adapter");
     assert!(norm(&gap) < 0.1 * norm(&f32_run), "the split run's update strays from the f32 run's");
+}
+
+#[test]
+fn metaicl_lora_without_icl_items_is_common_lora_and_with_them_is_not() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper/eval-model");
+    let model = Arc::new(EvalModel::open(&dir).unwrap());
+    let labels = vec!["art".to_string(), "law".to_string()];
+    let train = Split { spec: TaskSpec::for_task("quotes-tag", Some(labels)).unwrap(), users: vec![user()] };
+    let work = tempfile::tempdir().unwrap();
+    let mut trained = Vec::new();
+    for (name, k) in [("common-lora", 0), ("metaicl-lora", 0), ("metaicl-lora", 2)] {
+        let mut c = cfg(&work.path().join(format!("{name}-{k}")), None);
+        // long enough to keep the prefix (sequences are cut from the left)
+        c.max_len = 400;
+        c.icl_k = k;
+        let mut m = model_methods::by_name(name, model.clone(), c.clone()).unwrap();
+        m.prepare_population(&train).unwrap();
+        trained.push(Adapter::load(&c.work_dir.join(name).join("adapter")).unwrap());
+    }
+    let bits = |a: &Adapter| a.modules.iter().flat_map(|m| m.a.data.iter().chain(&m.b.data).map(|v| v.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
+    assert_eq!(bits(&trained[0]), bits(&trained[1]), "metaicl-lora with k = 0 must train exactly common-lora");
+    let moved = norm(&delta(&trained[2], &trained[0]));
+    println!("metaicl-lora k = 2 against common-lora: factor difference norm {moved:.3e}");
+    assert!(moved > 1e-4, "the ICL prefix must change what metaicl-lora trains on");
 }
