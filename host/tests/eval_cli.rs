@@ -62,6 +62,21 @@ fn bench_build_eval_and_report_through_the_cli() {
     let err = hexlora(&["bench", "build", "--only", "quotes", "--out", s(&out)]);
     assert!(String::from_utf8_lossy(&err.stderr).contains("unknown benchmark"));
 
+    // A finished run leaves no progress file; an interrupted one's progress
+    // must be resumed (or --force'd), and --resume needs one.
+    let progress = results.join("quotes-tag-majority-user-test.progress.jsonl");
+    assert!(!progress.exists(), "a finished run removes its progress file");
+    let qt = out.join("quotes-tag");
+    let again = ["eval", "--bench", s(&qt), "--split", "test", "--method", "majority-user", "--out", s(&results)];
+    std::fs::remove_file(results.join("quotes-tag-majority-user-test-T0.json")).unwrap();
+    let err = hexlora(&[&again[..], &["--resume"]].concat());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("holds no progress to resume"), "{}", String::from_utf8_lossy(&err.stderr));
+    std::fs::write(&progress, "").unwrap();
+    let err = hexlora(&again);
+    assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("pass --resume to continue it"), "{}", String::from_utf8_lossy(&err.stderr));
+    ok(hexlora(&[&again[..], &["--resume"]].concat()));
+    assert!(results.join("quotes-tag-majority-user-test-T0.json").exists() && !progress.exists());
+
     ok(hexlora(&["eval", "--bench", s(&out.join("quotes-tag")), "--split", "test", "--method", "majority-global", "--out", s(&results)]));
     if Path::new(hexlora::eval::plot::DEFAULT_FONT).exists() {
         let files: Vec<PathBuf> = ["majority-user", "majority-global"].iter().map(|m| results.join(format!("quotes-tag-{m}-test-T0.json"))).collect();

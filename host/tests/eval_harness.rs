@@ -165,3 +165,43 @@ fn comparison_gives_breadth_mcnemar_and_bootstrap_and_rejects_mismatches() {
     other.users.pop();
     assert!(compare(&user, &other, 1).is_err());
 }
+
+/// A sweep interrupted after its first user resumes from the progress file:
+/// the done user's results come from the file (a value edited there shows
+/// up in the result, so it was not run again), the rest are run, a torn
+/// last line (a crash while writing it) is dropped, and a resume with other
+/// settings is refused.
+#[test]
+fn a_sweep_resumes_from_its_progress_file() {
+    use hexlora::eval::harness::{fingerprint, run_sweep_with};
+    use hexlora::eval::progress::Progress;
+    let split = quotes_split();
+    let decodings = [Decoding::greedy(8), Decoding::sweep(&[0.7], 8, 3)[0]];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.jsonl");
+    let mut m = baselines::by_name("majority-user").unwrap();
+    let fp = fingerprint(m.as_ref(), &split, "test", &decodings);
+    let mut p = Progress::start(&path, fp.clone()).unwrap();
+    let full = run_sweep_with(m.as_mut(), Some(&split), &split, "test", &decodings, Some(&mut p)).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "a line per user");
+    // Keep ann's line with her greedy mean edited, then half of bob's.
+    let edited = lines[0].replacen("\"mean\":0.5", "\"mean\":0.25", 1);
+    assert_ne!(edited, lines[0]);
+    std::fs::write(&path, format!("{edited}\n{}", &lines[1][..lines[1].len() / 2])).unwrap();
+    let mut p = Progress::resume(&path, fp.clone()).unwrap();
+    assert_eq!(p.len(), 1);
+    let resumed = run_sweep_with(m.as_mut(), Some(&split), &split, "test", &decodings, Some(&mut p)).unwrap();
+    assert_eq!(resumed[0].users[0].mean, 0.25, "ann's result must come from the file");
+    assert_eq!(resumed[0].users[1], full[0].users[1], "bob runs again, to the same result");
+    assert_eq!(resumed[1].users, full[1].users, "the sampled decoding's users");
+    // Another temperature is another sweep.
+    let other = fingerprint(m.as_ref(), &split, "test", &[Decoding::greedy(8)]);
+    let err = Progress::resume(&path, other).err().expect("other settings").to_string();
+    assert!(err.contains("other settings") && err.contains("--force"), "{err}");
+    // A damaged line that is not the last is an error naming the line.
+    std::fs::write(&path, format!("garbage\n{edited}\n")).unwrap();
+    let err = Progress::resume(&path, fp).err().expect("damaged").to_string();
+    assert!(err.contains("p.jsonl:1"), "{err}");
+}

@@ -9,6 +9,7 @@ use crate::eval::longlamp::{read_longlamp, LongLampTask};
 use crate::eval::method::{Decoding, Method};
 use crate::eval::model_methods::{self, Budget, ModelMethodConfig};
 use crate::eval::model_runtime::{EvalModel, LabelScore};
+use crate::eval::progress::Progress;
 use crate::hyper::eval_method as hyper_eval;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,9 +59,15 @@ pub struct Args {
     /// Output directory; files are `<task>-<method>-<split>-T<t>.json`.
     #[arg(long)]
     out: PathBuf,
-    /// Overwrite result files already in --out.
+    /// Overwrite result files already in --out (and start over from an
+    /// interrupted run's progress).
     #[arg(long)]
     force: bool,
+    /// Continue the interrupted run whose progress file is in --out
+    /// (`<task>-<method>-<split>.progress.jsonl`, a line per finished
+    /// user): its users are not run again. The command must be the same.
+    #[arg(long, conflicts_with = "force")]
+    resume: bool,
 }
 
 /// `--label-score` (the library's [`LabelScore`] carries no clap derive).
@@ -212,7 +219,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(p) = args.temperature.iter().map(|&t| result_path(t)).find(|p| p.exists()).filter(|_| !args.force) {
         return Err(crate::Error::invalid(format!("--out {}", args.out.display()), format!("already holds {}; pass --force to overwrite it, or choose another --out", p.display())).into());
     }
-    let results = harness::run_sweep(method.as_mut(), train.as_ref(), &split, &args.split, &decodings)?;
+    let progress_path = args.out.join(format!("{}-{}-{}.progress.jsonl", split.spec.name, method.name(), args.split));
+    let fingerprint = harness::fingerprint(method.as_ref(), &split, &args.split, &decodings);
+    let mut progress = match (progress_path.exists(), args.resume) {
+        (true, true) => {
+            let p = Progress::resume(&progress_path, fingerprint)?;
+            eprintln!("resuming: {} of {} users done in {}", p.len(), split.users.len(), progress_path.display());
+            p
+        }
+        (false, true) => return Err(crate::Error::invalid("--resume", format!("{} holds no progress to resume", progress_path.display())).into()),
+        (true, false) if !args.force => {
+            return Err(crate::Error::invalid(
+                format!("--out {}", args.out.display()),
+                format!("holds {}, the progress of an interrupted run: pass --resume to continue it, or --force to start over", progress_path.display()),
+            )
+            .into())
+        }
+        _ => Progress::start(&progress_path, fingerprint)?,
+    };
+    let results = harness::run_sweep_with(method.as_mut(), train.as_ref(), &split, &args.split, &decodings, Some(&mut progress))?;
     for mut result in results {
         result.model = args.model.model.as_ref().map(|p| p.display().to_string());
         let t = result.decoding.temperature;
@@ -225,5 +250,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             s.depth, s.users, s.queries, result.seconds, path.display()
         );
     }
+    // every result is written: the progress has served
+    std::fs::remove_file(progress.path()).map_err(|e| crate::Error::io(progress.path(), e))?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! into a [`RunResult`].
 use super::dataset::Split;
 use super::method::{Decoding, Method};
+use super::progress::Progress;
 use super::metrics::{macro_f1, user_average};
 use super::result::{QueryResult, RunResult, Summary, UserResult, SCHEMA};
 use super::rouge::{Rouge, RougeScores};
@@ -30,8 +31,30 @@ pub fn run(method: &mut dyn Method, train: Option<&Split>, split: &Split, split_
 /// is counted in every result's `seconds`. Queries without a gold answer
 /// are an error (scoring needs them).
 pub fn run_sweep(method: &mut dyn Method, train: Option<&Split>, split: &Split, split_name: &str, decodings: &[Decoding]) -> Result<Vec<RunResult>> {
+    run_sweep_with(method, train, split, split_name, decodings, None)
+}
+
+/// What identifies a sweep in its [`Progress`] file: a resume with other
+/// settings must not mix their results. Taken before any preparation.
+pub fn fingerprint(method: &dyn Method, split: &Split, split_name: &str, decodings: &[Decoding]) -> String {
+    let users: Vec<&str> = split.users.iter().map(|u| u.id.as_str()).collect();
+    serde_json::json!({ "method": method.name(), "config": method.config(), "task": split.spec.name, "split": split_name, "users": users, "decodings": decodings })
+        .to_string()
+}
+
+/// [`run_sweep`] recording each finished user in `progress` and taking the
+/// users it already holds from there instead of running them again.
+pub fn run_sweep_with(
+    method: &mut dyn Method,
+    train: Option<&Split>,
+    split: &Split,
+    split_name: &str,
+    decodings: &[Decoding],
+    mut progress: Option<&mut Progress>,
+) -> Result<Vec<RunResult>> {
     let start = Instant::now();
-    if let Some(train) = train {
+    let pending = split.users.iter().any(|u| !progress.as_ref().is_some_and(|p| p.has(&u.id)));
+    if let Some(train) = train.filter(|_| pending) {
         method.prepare_population(train)?;
     }
     let population_seconds = start.elapsed().as_secs_f64();
@@ -39,6 +62,14 @@ pub fn run_sweep(method: &mut dyn Method, train: Option<&Split>, split: &Split, 
     let mut users: Vec<Vec<UserResult>> = vec![Vec::with_capacity(split.users.len()); decodings.len()];
     let mut seconds = vec![population_seconds; decodings.len()];
     for user in &split.users {
+        if let Some((done, secs)) = progress.as_mut().and_then(|p| p.take(&user.id)) {
+            for (d, (r, s)) in done.into_iter().zip(secs).enumerate().take(decodings.len()) {
+                users[d].push(r);
+                seconds[d] += s;
+            }
+            continue;
+        }
+        let mut user_seconds = vec![0.0; decodings.len()];
         let t = Instant::now();
         let prep = method.prepare_user(&split.spec, user)?;
         let prep_seconds = t.elapsed().as_secs_f64();
@@ -56,9 +87,14 @@ pub fn run_sweep(method: &mut dyn Method, train: Option<&Split>, split: &Split, 
                 }
                 queries.push(score_query(&split.spec.kind, &rouge, &query.id, gold, answers));
             }
-            seconds[d] += prep_seconds + t.elapsed().as_secs_f64();
+            user_seconds[d] = prep_seconds + t.elapsed().as_secs_f64();
+            seconds[d] += user_seconds[d];
             let mean = queries.iter().map(|q| q.score).sum::<f64>() / queries.len().max(1) as f64;
             users[d].push(UserResult { user: user.id.clone(), prep: prep.clone(), mean, queries });
+        }
+        if let Some(p) = progress.as_mut() {
+            let latest: Vec<UserResult> = users.iter().map(|u| u.last().expect("just pushed").clone()).collect();
+            p.record(&user.id, &latest, &user_seconds)?;
         }
     }
     Ok(decodings

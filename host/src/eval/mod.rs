@@ -8,7 +8,8 @@
 //!   settings and the temperature sweep; [`baselines`]: model-free methods;
 //! - [`model_methods`]: base, ICL, common LoRA, per-user LoRA, MeZO on a
 //!   loaded [`model_runtime::EvalModel`] (adapters swapped via [`crate::lora::slots`]);
-//! - [`harness`]: runs a method on a split; [`result`]: the result file and
+//! - [`harness`]: runs a method on a split, [`progress`] recording each
+//!   finished user so a stopped run resumes; [`result`]: the result file and
 //!   method-vs-baseline comparison;
 //! - [`report`], [`plot`]: markdown tables and PNG charts of result files;
 //! - [`rouge`]: ROUGE-1/2/L identical to Python `rouge-score`.
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod model_methods;
 pub mod model_runtime;
 pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod result;
 pub mod rouge;
