@@ -200,6 +200,9 @@ impl GgmlType {
             8 => DType::Q8_0,
             2 => DType::Q4_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
+            13 => DType::Q5K,
             12 => DType::Q4K,
             14 => DType::Q6K,
             _ => return None,
@@ -490,7 +493,7 @@ impl TensorSource for Gguf {
         let t = &self.parsed.tensors[i];
         let dtype = t.ggml_type.dtype().ok_or_else(|| {
             Error::Unsupported(format!(
-                "tensor {name} ({}) has type {}; hexlora reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K",
+                "tensor {name} ({}) has type {}; hexlora reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K",
                 t.name, t.ggml_type.name
             ))
         })?;
