@@ -10,7 +10,7 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 bash toolchain/install.sh
 # Real model and benchmark text: a test that needs them and finds them
 # absent prints SKIPPED, and under CI (CI set) fails.
-bash toolchain/fetch-models.sh || echo "WARNING: model fetch failed; SmolLM2 tests will skip (fail under CI)"
+bash toolchain/fetch-models.sh || echo "WARNING: model fetch failed; SmolLM2 and Gemma 3 tests will skip (fail under CI)"
 bash toolchain/fetch-bench-data.sh || echo "WARNING: benchmark data fetch failed; data tests will skip (fail under CI)"
 
 echo "== Hexagon projection service (the simulator transport tests below need it)"

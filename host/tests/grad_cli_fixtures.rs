@@ -33,6 +33,12 @@ fn qwen3_grad_matches_pytorch_peft() {
     check("qwen3");
 }
 
+/// Sliding-window and global attention layers, sandwich norms, GeGLU.
+#[test]
+fn gemma3_grad_matches_pytorch_peft() {
+    check("gemma3");
+}
+
 /// Gated DeltaNet layers, 70-token rows (past one 64-token chunk).
 #[test]
 fn qwen35_grad_matches_pytorch_peft() {

@@ -1,4 +1,4 @@
-//! Llama, Qwen3 and Qwen3.5 forward passes against PyTorch + transformers
+//! Llama, Qwen3, Qwen3.5 and Gemma 3 forward passes against PyTorch + transformers
 //! (fixtures made by `tests/fixtures/models/make_model_fixtures.py`), and
 //! clear errors for broken checkpoints.
 use hexlora::model::config::ModelConfig;
@@ -90,6 +90,13 @@ fn qwen3_logits_match_transformers() {
     check_logits("tiny-qwen3");
 }
 
+/// Three sliding-window layers (window 8 of 24 positions) around a global
+/// one, each with its RoPE base; sandwich norms, GeGLU, scaled embeddings.
+#[test]
+fn gemma3_logits_match_transformers() {
+    check_logits("tiny-gemma3");
+}
+
 /// Position 125 of sequence 0 is ill-conditioned: in layer 3 the Gated
 /// DeltaNet output of value head 3 has rms 8.8e-4, 23x below that head's
 /// typical 2e-2 (cancellation in `S^T q`), and the gated RMSNorm scales it
@@ -158,7 +165,7 @@ fn qwen35_gguf_metadata_that_contradicts_the_tensors_is_named() {
 
 #[test]
 fn greedy_generation_matches_transformers() {
-    for name in ["tiny-llama", "tiny-qwen3", "tiny-qwen35"] {
+    for name in ["tiny-llama", "tiny-qwen3", "tiny-qwen35", "tiny-gemma3"] {
         check_generation(name);
     }
 }

@@ -64,6 +64,14 @@ fn qwen3_lora_gradients_match_pytorch_peft() {
     check_arch("qwen3", 14);
 }
 
+/// Gemma 3: three local layers with a 5-position window over 24-token
+/// rows around a global one, sandwich norms, GeGLU, scaled embeddings;
+/// LoRA on all 7 projections of the 4 layers.
+#[test]
+fn gemma3_lora_gradients_match_pytorch_peft() {
+    check_arch("gemma3", 4 * 7);
+}
+
 /// Gated DeltaNet + gated attention, 70-token rows (past one 64-token
 /// chunk, not a multiple of the 16-token state checkpoints), LoRA on all
 /// 8 GDN-layer and 7 attention-layer projections.

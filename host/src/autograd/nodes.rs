@@ -4,10 +4,11 @@
 //! lives in forward/backward slice functions (`ops/`, `lora/branch.rs`).
 use super::tape::{Tape, Var};
 use crate::lora::branch::{self, Dropout};
-use crate::ops::attention::{attention_backward_with, attention_forward_with, AttnDims, BackwardInputs, Products};
+use crate::ops::attention::{attention_backward_with, attention_forward_window, attention_forward_with, AttnDims, BackwardInputs, Products};
 use crate::ops::cross_entropy;
 use crate::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward, NormWeight};
 use crate::ops::rope::rope_apply;
+use crate::ops::geglu::{geglu_backward, geglu_forward};
 use crate::ops::swiglu::{swiglu_backward, swiglu_forward};
 use crate::projection::{Carried, Direction, LoraFactors, Projection};
 use crate::tensor::Tensor;
@@ -52,11 +53,14 @@ pub(crate) enum NodeKind {
     /// Rotary embedding of `x: [tokens, heads * head_dim]`, token `t` at
     /// `positions[t]`. Saves nothing (the backward rotates back).
     Rope { positions: Arc<Vec<usize>>, heads: usize, head_dim: usize, inv_freq: Arc<Vec<f32>> },
-    /// Attention per sequence of `dims.q_len` rows (batch = rows / q_len).
-    /// Inputs `[q, k, v]`; saves `lse: [rows, n_head]`.
-    Attention { dims: AttnDims, scale: f32, products: Products, lse: Vec<f32> },
+    /// Attention per sequence of `dims.q_len` rows (batch = rows / q_len),
+    /// over a sliding `window` of keys where one is given. Inputs
+    /// `[q, k, v]`; saves `lse: [rows, n_head]`.
+    Attention { dims: AttnDims, scale: f32, products: Products, window: Option<usize>, lse: Vec<f32> },
     /// `silu(gate) * up`. Inputs `[gate, up]`; saves nothing beyond them.
     SwiGlu,
+    /// `gelu_tanh(gate) * up` (Gemma's MLP).
+    GeGlu,
     /// Vocabulary head + cross-entropy, fused and chunked over tokens.
     /// Inputs `[x: [T, hidden]]`, output the scalar loss. Because the loss is
     /// the end of the graph, `dL/dX` is computed during the forward (chunk by
@@ -83,6 +87,7 @@ impl NodeKind {
             NodeKind::Rope { .. } => "rope",
             NodeKind::Attention { .. } => "attention",
             NodeKind::SwiGlu => "swiglu",
+            NodeKind::GeGlu => "geglu",
             NodeKind::Add => "add",
             NodeKind::HeadLoss { .. } => "head+loss",
             NodeKind::Segment { .. } => "segment",
@@ -102,7 +107,7 @@ impl NodeKind {
 
     /// Whether [`NodeKind::forward_again`] can rebuild the output.
     pub(crate) fn rebuildable(&self) -> bool {
-        matches!(self, NodeKind::RmsNorm { .. } | NodeKind::SwiGlu)
+        matches!(self, NodeKind::RmsNorm { .. } | NodeKind::SwiGlu | NodeKind::GeGlu)
     }
 
     /// The output computed again from `inputs`, bit-identical to the
@@ -120,6 +125,11 @@ impl NodeKind {
             NodeKind::SwiGlu => {
                 let mut y = Tensor::to_overwrite(&inputs[0].shape);
                 swiglu_forward(&mut y.data, &inputs[0].data, &inputs[1].data);
+                Some(y)
+            }
+            NodeKind::GeGlu => {
+                let mut y = Tensor::to_overwrite(&inputs[0].shape);
+                geglu_forward(&mut y.data, &inputs[0].data, &inputs[1].data);
                 Some(y)
             }
             _ => None,
@@ -179,7 +189,7 @@ impl NodeKind {
                 rope_apply(&mut dx.data, positions, *heads, *head_dim, inv_freq, true);
                 Ok(vec![Some(dx)])
             }
-            NodeKind::Attention { dims, scale, products, lse } => Ok(attention_node_backward(inputs, output, &dout, lse, (*dims, *scale, *products))
+            NodeKind::Attention { dims, scale, products, window, lse } => Ok(attention_node_backward(inputs, output, &dout, lse, (*dims, *scale, *products, *window))
                 .into_iter()
                 .zip(wanted)
                 .map(|(g, &w)| w.then_some(g))
@@ -188,6 +198,12 @@ impl NodeKind {
                 let (g, u) = (inputs[0], inputs[1]);
                 let (mut dg, mut du) = (Tensor::to_overwrite(&g.shape), Tensor::to_overwrite(&u.shape));
                 swiglu_backward(&mut dg.data, &mut du.data, &dout.data, &g.data, &u.data);
+                Ok(vec![wanted[0].then_some(dg), wanted[1].then_some(du)])
+            }
+            NodeKind::GeGlu => {
+                let (g, u) = (inputs[0], inputs[1]);
+                let (mut dg, mut du) = (Tensor::to_overwrite(&g.shape), Tensor::to_overwrite(&u.shape));
+                geglu_backward(&mut dg.data, &mut du.data, &dout.data, &g.data, &u.data);
                 Ok(vec![wanted[0].then_some(dg), wanted[1].then_some(du)])
             }
             NodeKind::Add => Ok(vec![wanted[0].then(|| dout.clone()), wanted[1].then_some(dout)]),
@@ -208,7 +224,7 @@ impl NodeKind {
 }
 
 /// Per-sequence slices of q/k/v/out/lse for [`attention_backward`].
-fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse: &[f32], (d, scale, products): (AttnDims, f32, Products)) -> Vec<Tensor> {
+fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse: &[f32], (d, scale, products, window): (AttnDims, f32, Products, Option<usize>)) -> Vec<Tensor> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let (mut dq, mut dk, mut dv) = (Tensor::to_overwrite(&q.shape), Tensor::to_overwrite(&k.shape), Tensor::to_overwrite(&v.shape));
     let (qw, kw, lw) = (d.q_len * d.n_head * d.head_dim, d.kv_len * d.n_kv_head * d.head_dim, d.q_len * d.n_head);
@@ -223,6 +239,7 @@ fn attention_node_backward(inputs: &[&Tensor], out: &Tensor, dout: &Tensor, lse:
             lse: &lse[ls],
             d,
             scale,
+            window,
         };
         attention_backward_with(products, (&mut dq.data[qs], &mut dk.data[ks.clone()], &mut dv.data[ks]), x);
     }
@@ -416,6 +433,14 @@ impl Tape {
     /// `k`, `v: [rows, n_kv_head * head_dim]`; its products (forward and
     /// backward) computed as `products` says.
     pub fn attention(&mut self, q: Var, k: Var, v: Var, dims: AttnDims, scale: f32, products: Products) -> Result<Var> {
+        self.attention_window(q, k, v, dims, scale, products, None)
+    }
+
+    /// [`Tape::attention`] where, with `window = Some(w)`, each query sees
+    /// only itself and the `w - 1` positions before it (Gemma 3's local
+    /// layers); such calls compute in f32 whatever `products` says.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_window(&mut self, q: Var, k: Var, v: Var, dims: AttnDims, scale: f32, products: Products, window: Option<usize>) -> Result<Var> {
         let _time = super::profile::timer("attention", true);
         let (qv, kv, vv) = (self.value(q), self.value(k), self.value(v));
         let qw = dims.q_len * dims.n_head * dims.head_dim;
@@ -430,9 +455,13 @@ impl Tape {
         let lw = dims.q_len * dims.n_head;
         for s in 0..seqs {
             let (qs, ks) = (s * qw..(s + 1) * qw, s * kw..(s + 1) * kw);
-            attention_forward_with(products, &mut y.data[qs.clone()], &mut lse[s * lw..(s + 1) * lw], &qv.data[qs], &kv.data[ks.clone()], &vv.data[ks], dims, scale);
+            let (out, lse) = (&mut y.data[qs.clone()], &mut lse[s * lw..(s + 1) * lw]);
+            match window {
+                Some(_) => attention_forward_window(out, lse, &qv.data[qs], &kv.data[ks.clone()], &vv.data[ks], dims, scale, window),
+                None => attention_forward_with(products, out, lse, &qv.data[qs], &kv.data[ks.clone()], &vv.data[ks], dims, scale),
+            }
         }
-        Ok(self.push(NodeKind::Attention { dims, scale, products, lse }, &[q, k, v], y))
+        Ok(self.push(NodeKind::Attention { dims, scale, products, window, lse }, &[q, k, v], y))
     }
 
     /// `silu(gate) * up`.
@@ -442,6 +471,15 @@ impl Tape {
         let mut y = Tensor::to_overwrite(&self.value(gate).shape);
         swiglu_forward(&mut y.data, &self.value(gate).data, &self.value(up).data);
         Ok(self.push(NodeKind::SwiGlu, &[gate, up], y))
+    }
+
+    /// `gelu_tanh(gate) * up`.
+    pub fn geglu(&mut self, gate: Var, up: Var) -> Result<Var> {
+        let _time = super::profile::timer("geglu", true);
+        same_shape("geglu", self.value(gate), self.value(up))?;
+        let mut y = Tensor::to_overwrite(&self.value(gate).shape);
+        geglu_forward(&mut y.data, &self.value(gate).data, &self.value(up).data);
+        Ok(self.push(NodeKind::GeGlu, &[gate, up], y))
     }
 
     /// `a + b` (residual connections).

@@ -57,6 +57,11 @@ fn swiglu() {
 }
 
 #[test]
+fn geglu() {
+    check("geglu", &[t(&[3, 5], 1, 3.0), t(&[3, 5], 2, 1.0)], |tape, v| tape.geglu(v[0], v[1]).unwrap());
+}
+
+#[test]
 fn rope_with_partial_rotary() {
     let positions = Arc::new(vec![0, 1, 5, 9]);
     let inv_freq = Arc::new(vec![1.0, 0.3]);
@@ -69,5 +74,17 @@ fn attention_gqa_causal_and_bidirectional_over_two_sequences() {
         let dims = AttnDims { q_len: 5, kv_len: 5, n_head: 4, n_kv_head: 2, head_dim: 3, causal };
         let inputs = [t(&[10, 12], 1, 1.5), t(&[10, 6], 2, 1.5), t(&[10, 6], 3, 1.0)];
         check("attention", &inputs, |tape, v| tape.attention(v[0], v[1], v[2], dims, 0.6, crate::ops::attention::Products::F32).unwrap());
+    }
+}
+
+#[test]
+fn sliding_window_attention_over_two_sequences() {
+    let dims = AttnDims { q_len: 5, kv_len: 5, n_head: 4, n_kv_head: 2, head_dim: 3, causal: true };
+    let inputs = [t(&[10, 12], 1, 1.5), t(&[10, 6], 2, 1.5), t(&[10, 6], 3, 1.0)];
+    // (A window of 1 makes dq exactly zero, which a relative check cannot
+    // measure; ops::attention's directional-derivative test covers it.)
+    for window in [2, 4] {
+        let f = |tape: &mut Tape, v: &[Var]| tape.attention_window(v[0], v[1], v[2], dims, 0.6, crate::ops::attention::Products::F32, Some(window)).unwrap();
+        check("sliding-window attention", &inputs, f);
     }
 }

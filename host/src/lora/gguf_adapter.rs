@@ -48,6 +48,7 @@ fn gguf_arch(cfg: &ModelConfig) -> Result<&'static str> {
         Arch::Qwen35 => Err(Error::Unsupported(
             "GGUF LoRA adapters for Qwen3.5 (its GGUF rewrites value heads and norms; only Llama and Qwen3 are exported)".into(),
         )),
+        Arch::Gemma3 => Err(Error::Unsupported("GGUF LoRA adapters for Gemma 3 (only Llama and Qwen3 are exported)".into())),
     }
 }
 
@@ -235,6 +236,8 @@ mod tests {
             tie_word_embeddings: true,
             layer_types: vec![LayerKind::FullAttention],
             gdn: None,
+            sliding: None,
+            query_pre_attn_scalar: None,
             prefix: "model.".into(),
             eos_token_ids: vec![],
             max_position_embeddings: 64,

@@ -1,7 +1,7 @@
 //! The one place that picks an architecture's code for a checkpoint. An
-//! architecture is a folder of [`crate::model`] (`llama/`, `qwen35/`)
-//! holding its training graph and anything only it needs (Qwen3.5's GDN
-//! block and GGUF rewrites), over the shared blocks
+//! architecture is a folder of [`crate::model`] (`llama/`, `qwen35/`,
+//! `gemma3/`) holding its training graph and anything only it needs
+//! (Qwen3.5's GDN block, Qwen3.5's and Gemma 3's GGUF conventions), over the shared blocks
 //! ([`crate::model::blocks`]) and the shared inference decoder
 //! ([`crate::model::decoder`]). Adding one means adding a folder, an
 //! [`Architecture`] implementation and an arm in [`of`].
@@ -9,7 +9,7 @@ use super::checkpoint::Checkpoint;
 use super::config::{Arch, ModelConfig};
 use super::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
-use super::{llama, qwen35};
+use super::{gemma3, llama, qwen35};
 use crate::train::graph::TrainableModel;
 use crate::Result;
 
@@ -30,5 +30,6 @@ pub fn of(cfg: &ModelConfig) -> &'static dyn Architecture {
     match cfg.arch {
         Arch::Qwen35 => &qwen35::Qwen35,
         Arch::Llama | Arch::Qwen3 => &llama::Llama,
+        Arch::Gemma3 => &gemma3::Gemma3,
     }
 }

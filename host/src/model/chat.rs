@@ -1,15 +1,21 @@
 //! Chat templates: turning `[{role, content}]` into the prompt text the
 //! instruct model was trained on.
 //!
-//! Only ChatML is implemented (SmolLM2, Qwen): each message is
+//! Two templates are implemented. ChatML (SmolLM2, Qwen): each message is
 //! `<|im_start|>{role}\n{content}<|im_end|>\n`, and a generation prompt is
-//! `<|im_start|>assistant\n`. Some templates insert a system message when the
+//! `<|im_start|>assistant\n`. Gemma's: each message is
+//! `<start_of_turn>{role}\n{content, trimmed}<end_of_turn>\n` with the
+//! assistant's role written `model`, a system message's text (and a blank
+//! line) prepended to the first turn after it, and a generation prompt
+//! `<start_of_turn>model\n`; the template's leading `<bos>` is left to the
+//! tokenizer, which adds it. Some templates insert a system message when the
 //! conversation does not start with one (SmolLM2: "You are a helpful AI
 //! assistant named SmolLM, trained by Hugging Face"); [`ChatTemplate::from_jinja`]
 //! recognises that pattern in the model's own Jinja template and reproduces it.
 //! Anything else in a template (tools, Qwen's thinking switch) is not
 //! rendered: [`ChatTemplate::from_jinja`] refuses templates it does not
-//! recognise as ChatML.
+//! recognise as ChatML or Gemma's.
+use crate::model::config::Arch;
 use crate::{Error, Result};
 
 /// One chat message.
@@ -37,6 +43,9 @@ pub enum ChatTemplate {
         /// System prompt the template adds by default.
         default_system: Option<String>,
     },
+    /// Gemma's turns (Gemma 3 GGUFs often carry no template; this is the
+    /// one of Google's Gemma 3 checkpoints, text only).
+    Gemma,
 }
 
 /// How templates open a literal system block, with the newline written
@@ -53,16 +62,41 @@ impl ChatTemplate {
     /// `tokenizer.chat_template`, or `chat_template` of
     /// `tokenizer_config.json`).
     pub fn from_jinja(jinja: &str) -> Result<Self> {
+        if jinja.contains("<start_of_turn>") && jinja.contains("<end_of_turn>") {
+            return Ok(ChatTemplate::Gemma);
+        }
         if !jinja.contains("<|im_start|>") || !jinja.contains("<|im_end|>") {
-            return Err(Error::Unsupported("chat template is not ChatML".into()));
+            return Err(Error::Unsupported("chat template is neither ChatML nor Gemma's".into()));
         }
         Ok(ChatTemplate::ChatMl { default_system: default_system(jinja) })
+    }
+
+    /// The template of a checkpoint of architecture `arch` whose own Jinja
+    /// template is `jinja`: that one if hexlora renders it (an error if
+    /// not), else Gemma's for Gemma 3 and ChatML for the others.
+    pub fn for_checkpoint(jinja: Option<&str>, arch: Arch) -> Result<Self> {
+        match jinja {
+            Some(j) => Self::from_jinja(j),
+            None if arch == Arch::Gemma3 => Ok(ChatTemplate::Gemma),
+            None => Ok(Self::chatml()),
+        }
+    }
+
+    /// The text that closes a turn (training appends it to completions).
+    pub fn end_of_turn(&self) -> &'static str {
+        match self {
+            ChatTemplate::ChatMl { .. } => "<|im_end|>",
+            ChatTemplate::Gemma => "<end_of_turn>",
+        }
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends
     /// with the opening of the assistant's turn.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> String {
-        let ChatTemplate::ChatMl { default_system } = self;
+        let default_system = match self {
+            ChatTemplate::ChatMl { default_system } => default_system,
+            ChatTemplate::Gemma => return render_gemma(messages, add_generation_prompt),
+        };
         let mut out = String::new();
         let starts_with_system = messages.first().is_some_and(|m| m.role == "system");
         if let (Some(system), false, false) = (default_system, starts_with_system, messages.is_empty()) {
@@ -93,6 +127,31 @@ fn default_system(jinja: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// Gemma's turns: a leading system message becomes a prefix of the first
+/// turn after it; contents are trimmed (Jinja's `| trim`), the prefix is not.
+fn render_gemma(messages: &[Message], add_generation_prompt: bool) -> String {
+    let (prefix, turns) = match messages.split_first() {
+        Some((first, rest)) if first.role == "system" => (format!("{}\n\n", first.content), rest),
+        _ => (String::new(), messages),
+    };
+    let mut out = String::new();
+    for (i, m) in turns.iter().enumerate() {
+        let role = if m.role == "assistant" { "model" } else { &m.role };
+        out.push_str("<start_of_turn>");
+        out.push_str(role);
+        out.push('\n');
+        if i == 0 {
+            out.push_str(&prefix);
+        }
+        out.push_str(m.content.trim());
+        out.push_str("<end_of_turn>\n");
+    }
+    if add_generation_prompt {
+        out.push_str("<start_of_turn>model\n");
+    }
+    out
 }
 
 fn push_turn(out: &mut String, role: &str, content: &str) {
@@ -132,8 +191,28 @@ mod tests {
     }
 
     #[test]
-    fn non_chatml_is_refused() {
+    fn unknown_templates_are_refused() {
         let e = ChatTemplate::from_jinja("{{ bos_token }}[INST] {{ m }} [/INST]").unwrap_err();
-        assert!(e.to_string().contains("not ChatML"));
+        assert!(e.to_string().contains("neither ChatML nor Gemma"));
+    }
+
+    /// The text Gemma 3's Jinja template renders (without its `<bos>`) for
+    /// a system prompt, two user turns and an assistant turn.
+    #[test]
+    fn gemma_turns() {
+        let t = ChatTemplate::from_jinja("{{ bos_token }}...'<start_of_turn>' + role + '\\n'...'<end_of_turn>\\n'").unwrap();
+        assert_eq!(t, ChatTemplate::Gemma);
+        let m = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "  Hi there \n"),
+            Message::new("assistant", "Hello."),
+            Message::new("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&m, true),
+            "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(t.render(&m[1..2], false), "<start_of_turn>user\nHi there<end_of_turn>\n");
     }
 }

@@ -63,13 +63,11 @@ impl Checkpoint {
         }
     }
 
-    /// The chat template hexlora renders for this model (ChatML when the
-    /// checkpoint has none; an error for templates it cannot render).
+    /// The chat template hexlora renders for this model (when the
+    /// checkpoint has none: Gemma's for Gemma 3, ChatML otherwise; an
+    /// error for templates it cannot render).
     pub fn template(&self) -> Result<ChatTemplate> {
-        match &self.chat_template {
-            Some(j) => ChatTemplate::from_jinja(j),
-            None => Ok(ChatTemplate::chatml()),
-        }
+        ChatTemplate::for_checkpoint(self.chat_template.as_deref(), self.config.arch)
     }
 
     /// The first tensor holding a NaN or an infinity, and the element: a

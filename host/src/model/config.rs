@@ -3,6 +3,7 @@
 //! inconsistent field is an error naming it; values we do not implement
 //! (biases, other rope types, other activations) are `Unsupported`, never
 //! silently ignored.
+use crate::model::gemma3::config::Gemma3Shape;
 use crate::model::gguf::Gguf;
 use crate::model::qwen35::gguf::TextShape;
 use crate::model::source::TensorSource;
@@ -19,6 +20,9 @@ pub enum Arch {
     Qwen3,
     /// Qwen3.5 text: Gated DeltaNet layers interleaved with gated attention.
     Qwen35,
+    /// Gemma 3 text: local (sliding-window) and global attention layers,
+    /// sandwich norms, GeGLU, scaled embeddings.
+    Gemma3,
 }
 
 /// What mixes tokens in one decoder layer.
@@ -26,8 +30,22 @@ pub enum Arch {
 pub enum LayerKind {
     /// Softmax attention with a KV cache.
     FullAttention,
+    /// Softmax attention over the last [`SlidingWindow::window`] positions
+    /// only, with its own RoPE base (Gemma 3's local layers); the KV cache
+    /// keeps no more than the window.
+    SlidingAttention,
     /// Gated DeltaNet (recurrent state).
     LinearAttention,
+}
+
+/// What the [`LayerKind::SlidingAttention`] layers use.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a query sees, itself included: query `i` attends to keys
+    /// `j` with `i - window < j <= i` (transformers' `sliding_window`).
+    pub window: usize,
+    /// RoPE base of these layers (Gemma 3: 10000, against 1e6 globally).
+    pub rope_theta: f64,
 }
 
 /// Gated DeltaNet sizes (Qwen3.5 `linear_*` fields).
@@ -98,6 +116,11 @@ pub struct ModelConfig {
     pub prefix: String,
     /// End-of-sequence token ids (generation stops on any).
     pub eos_token_ids: Vec<u32>,
+    /// Window and RoPE base of the [`LayerKind::SlidingAttention`] layers.
+    pub sliding: Option<SlidingWindow>,
+    /// Attention scores are scaled by `query_pre_attn_scalar^-1/2`
+    /// (Gemma 3); `None` means `head_dim^-1/2`.
+    pub query_pre_attn_scalar: Option<f64>,
     /// Positions the model was trained for (`max_position_embeddings`,
     /// GGUF `context_length`; [`DEFAULT_POSITIONS`] when the file has none):
     /// no prompt, example or answer may be longer.
@@ -134,30 +157,30 @@ pub fn check_layers(n: usize, field: &str) -> Result<usize> {
 }
 
 /// Field access with errors that name the field.
-struct Fields<'a> {
-    json: &'a Value,
-    what: &'a str,
+pub(crate) struct Fields<'a> {
+    pub(crate) json: &'a Value,
+    pub(crate) what: &'a str,
 }
 
 impl Fields<'_> {
-    fn opt(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn opt(&self, key: &str) -> Option<&Value> {
         self.json.get(key).filter(|v| !v.is_null())
     }
-    fn usize(&self, key: &str) -> Result<usize> {
+    pub(crate) fn usize(&self, key: &str) -> Result<usize> {
         let v = self.opt(key).ok_or_else(|| Error::invalid(self.what, format!("missing field {key}")))?;
         v.as_u64()
             .filter(|&x| x > 0)
             .map(|x| x as usize)
             .ok_or_else(|| Error::invalid(self.what, format!("{key} must be a positive integer, got {v}")))
     }
-    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+    pub(crate) fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
         if self.opt(key).is_some() {
             self.usize(key)
         } else {
             Ok(default)
         }
     }
-    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+    pub(crate) fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
         match self.opt(key) {
             None => Ok(default),
             Some(v) => v
@@ -166,13 +189,13 @@ impl Fields<'_> {
                 .ok_or_else(|| Error::invalid(self.what, format!("{key} must be a finite number, got {v}"))),
         }
     }
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+    pub(crate) fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
         match self.opt(key) {
             None => Ok(default),
             Some(v) => v.as_bool().ok_or_else(|| Error::invalid(self.what, format!("{key} must be a bool, got {v}"))),
         }
     }
-    fn str_or<'b>(&'b self, key: &str, default: &'b str) -> Result<&'b str> {
+    pub(crate) fn str_or<'b>(&'b self, key: &str, default: &'b str) -> Result<&'b str> {
         match self.opt(key) {
             None => Ok(default),
             Some(v) => v.as_str().ok_or_else(|| Error::invalid(self.what, format!("{key} must be a string, got {v}"))),
@@ -184,10 +207,11 @@ impl ModelConfig {
     /// From a parsed Hugging Face `config.json`.
     pub fn from_hf_json(json: &Value) -> Result<Self> {
         let model_type = json.get("model_type").and_then(Value::as_str).ok_or_else(|| {
-            Error::invalid("config.json", "missing model_type (expected llama, qwen3, qwen3_5 or qwen3_5_text)")
+            Error::invalid("config.json", "missing model_type (expected llama, qwen3, qwen3_5, qwen3_5_text or gemma3_text)")
         })?;
         match model_type {
             "llama" => Self::from_text_json(json, Arch::Llama, "model."),
+            "gemma3_text" => Self::from_text_json(json, Arch::Gemma3, "model."),
             "qwen3" => Self::from_text_json(json, Arch::Qwen3, "model."),
             "qwen3_5_text" => Self::from_text_json(json, Arch::Qwen35, "model."),
             "qwen3_5" => {
@@ -202,7 +226,7 @@ impl ModelConfig {
                 Ok(cfg)
             }
             other => Err(Error::Unsupported(format!(
-                "model_type {other:?} (hexlora runs llama, qwen3, qwen3_5 and qwen3_5_text)"
+                "model_type {other:?} (hexlora runs llama, qwen3, qwen3_5, qwen3_5_text and gemma3_text)"
             ))),
         }
     }
@@ -214,18 +238,24 @@ impl ModelConfig {
                 return Err(Error::Unsupported(format!("config.json: {flag} = true")));
             }
         }
+        // Gemma's activation is `hidden_activation`, checked with its shape.
         let act = f.str_or("hidden_act", "silu")?;
-        if act != "silu" {
+        if act != "silu" && arch != Arch::Gemma3 {
             return Err(Error::Unsupported(format!("config.json: hidden_act {act:?} (only silu)")));
         }
         let hidden_size = f.usize("hidden_size")?;
         let n_head = f.usize("num_attention_heads")?;
         let head_dim = f.usize_or("head_dim", hidden_size / n_head)?;
         let num_layers = check_layers(f.usize("num_hidden_layers")?, "num_hidden_layers")?;
-        let (rope_theta, rope_scaling, partial) = rope_from_json(json)?;
+        let gemma3 = if arch == Arch::Gemma3 { Some(Gemma3Shape::from_hf_json(json, num_layers)?) } else { None };
+        let (rope_theta, rope_scaling, partial) = match &gemma3 {
+            Some((_, global_theta)) => (*global_theta, RopeScaling::Default, 1.0),
+            None => rope_from_json(json)?,
+        };
         let rotary_dim = (head_dim as f64 * partial) as usize;
-        let layer_types = match arch {
-            Arch::Qwen35 => layer_types_from_json(json, num_layers)?,
+        let layer_types = match (arch, &gemma3) {
+            (Arch::Qwen35, _) => layer_types_from_json(json, num_layers)?,
+            (_, Some((s, _))) => s.layer_types.clone(),
             _ => vec![LayerKind::FullAttention; num_layers],
         };
         let gdn = if arch == Arch::Qwen35 {
@@ -252,28 +282,33 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             rotary_dim,
-            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            // transformers' class defaults (a saved config.json omits them).
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", arch == Arch::Gemma3)?,
             layer_types,
             gdn,
             prefix: prefix.into(),
             eos_token_ids: eos_from_json(json),
+            sliding: gemma3.as_ref().map(|(s, _)| s.sliding),
+            query_pre_attn_scalar: gemma3.as_ref().map(|(s, _)| s.query_pre_attn_scalar),
             max_position_embeddings: f.usize_or("max_position_embeddings", DEFAULT_POSITIONS)?,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// From GGUF metadata (`general.architecture` = `llama`, `qwen3` or `qwen35`);
-    /// `lm_head` is tied when the file has no `output.weight`.
+    /// From GGUF metadata (`general.architecture` = `llama`, `qwen3`,
+    /// `qwen35` or `gemma3`); `lm_head` is tied when the file has no
+    /// `output.weight`.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch_name = g.architecture()?.to_string();
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "qwen3" => Arch::Qwen3,
             "qwen35" => Arch::Qwen35,
+            "gemma3" => Arch::Gemma3,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "GGUF architecture {other:?} (hexlora reads llama, qwen3 and qwen35 GGUF files)"
+                    "GGUF architecture {other:?} (hexlora reads llama, qwen3, qwen35 and gemma3 GGUF files)"
                 )))
             }
         };
@@ -299,6 +334,12 @@ impl ModelConfig {
         let num_layers = match &qwen35 {
             Some(s) => s.num_layers,
             None => check_layers(g.get_u32(&key("block_count"))? as usize, &key("block_count"))?,
+        };
+        let gemma3 = if arch == Arch::Gemma3 { Some(Gemma3Shape::from_gguf(g, num_layers, hidden_size, n_head, head_dim)?) } else { None };
+        let layer_types = match (&qwen35, &gemma3) {
+            (Some(s), _) => s.layer_types.clone(),
+            (_, Some(s)) => s.layer_types.clone(),
+            _ => vec![LayerKind::FullAttention; num_layers],
         };
         let tied = !g.tensor_infos().iter().any(|t| t.name == "output.weight");
         let eos = g.get_u32("tokenizer.ggml.eos_token_id").ok().into_iter().collect();
@@ -326,10 +367,12 @@ impl ModelConfig {
             },
             rotary_dim: qwen35.as_ref().map_or(head_dim, |s| s.rotary_dim),
             tie_word_embeddings: tied,
-            layer_types: qwen35.as_ref().map_or_else(|| vec![LayerKind::FullAttention; num_layers], |s| s.layer_types.clone()),
+            layer_types,
             gdn: qwen35.as_ref().map(|s| s.gdn),
             prefix: "model.".into(),
             eos_token_ids: eos,
+            sliding: gemma3.as_ref().map(|s| s.sliding),
+            query_pre_attn_scalar: gemma3.as_ref().map(|s| s.query_pre_attn_scalar),
             max_position_embeddings: match g.value(&key("context_length")) {
                 Some(_) => g.get_u32(&key("context_length"))? as usize,
                 None => DEFAULT_POSITIONS,
@@ -375,6 +418,22 @@ impl ModelConfig {
         }
         if !(self.rms_norm_eps > 0.0) {
             return bad(format!("rms_norm_eps {} must be positive", self.rms_norm_eps));
+        }
+        let sliding_layers = self.layer_types.iter().any(|k| *k == LayerKind::SlidingAttention);
+        match self.sliding {
+            None if sliding_layers => return bad("sliding-window layers without a sliding_window".into()),
+            Some(s) if !(1..=limits::POSITIONS).contains(&s.window) => {
+                return bad(format!("sliding_window is {}; it must be 1 to {}", s.window, limits::POSITIONS))
+            }
+            Some(s) if !(s.rope_theta.is_finite() && s.rope_theta > 0.0) => {
+                return bad(format!("the sliding layers' rope_theta {} must be positive", s.rope_theta))
+            }
+            _ => {}
+        }
+        if let Some(q) = self.query_pre_attn_scalar {
+            if !(q.is_finite() && q > 0.0) {
+                return bad(format!("query_pre_attn_scalar {q} must be positive"));
+            }
         }
         if let Some(g) = &self.gdn {
             if g.n_v_head % g.n_k_head != 0 {

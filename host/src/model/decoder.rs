@@ -1,6 +1,8 @@
-//! The decoder-only model shared by all three architectures: embedding,
-//! layers (token mixer + SwiGLU MLP, pre-norm residual), final norm and the
-//! vocabulary head, built from a [`Descriptor`] and a [`TensorSource`].
+//! The decoder-only model shared by every architecture: embedding (scaled
+//! by `sqrt(hidden)` for Gemma 3), layers (token mixer + gated MLP, each a
+//! pre-norm residual, Gemma 3 normalising their outputs too), final norm
+//! and the vocabulary head, built from a [`Descriptor`] and a
+//! [`TensorSource`].
 //!
 //! ```no_run
 //! use hexlora::model::decoder::Model;
@@ -14,11 +16,11 @@ use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::cpu_projection::{inference_projection, CpuProjection};
 use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::blocks::{read_vector, Attention, KvCache, Mlp};
+use crate::model::blocks::{read_vector, Attention, GateAct, KvCache, Mlp};
 use crate::model::qwen35::{GatedDeltaNet, GdnState, GdnWeights};
 use crate::model::source::{RawTensor, TensorSource};
 use crate::ops::rmsnorm::{rmsnorm_forward, NormWeight};
-use crate::ops::rope::rope_inv_freq;
+use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::projection::{Direction, Projection, ProjectionInfo, ProjectionKind};
 use crate::{Error, Result};
 use std::path::Path;
@@ -32,16 +34,24 @@ pub enum Mixer {
     Gdn(GatedDeltaNet),
 }
 
-/// One decoder layer: `x += mixer(norm(x)); x += mlp(norm(x))`.
+/// One decoder layer: `x += mixer(norm(x)); x += mlp(norm(x))`, Gemma 3
+/// normalising each block's output before the residual add too.
 pub struct Layer {
     /// `input_layernorm.weight` `[hidden]`.
     pub input_norm: Vec<f32>,
     /// Attention or Gated DeltaNet.
     pub mixer: Mixer,
-    /// `post_attention_layernorm.weight` `[hidden]`.
-    pub post_norm: Vec<f32>,
-    /// SwiGLU MLP.
+    /// Norm of the mixer's output, `post_attention_layernorm.weight`
+    /// `[hidden]` (Gemma 3).
+    pub mixer_out_norm: Option<Vec<f32>>,
+    /// Norm before the MLP `[hidden]`: `post_attention_layernorm.weight`
+    /// (Llama, Qwen), `pre_feedforward_layernorm.weight` (Gemma 3).
+    pub mlp_norm: Vec<f32>,
+    /// Gated MLP.
     pub mlp: Mlp,
+    /// Norm of the MLP's output, `post_feedforward_layernorm.weight`
+    /// `[hidden]` (Gemma 3).
+    pub mlp_out_norm: Option<Vec<f32>>,
 }
 
 /// Per-layer decoding state.
@@ -82,6 +92,11 @@ pub struct Model {
     pub norm: NormWeight,
     /// Rotary inverse frequencies `[rotary_dim / 2]`.
     pub inv_freq: Vec<f32>,
+    /// Those of the sliding-window layers, which have their own base.
+    pub sliding_inv_freq: Option<Vec<f32>>,
+    /// Factor of the embedding rows (Gemma 3: `sqrt(hidden)` rounded to
+    /// f32, as transformers multiplies in the weights' dtype, f32 here).
+    pub embed_scale: Option<f32>,
 }
 
 /// Builds the [`Projection`] for one frozen weight (CPU by default; the
@@ -125,6 +140,8 @@ impl Model {
             None => embed.clone(),
         };
         let inv_freq = rope_inv_freq(config.rotary_dim, config.rope_theta, &config.rope_scaling);
+        let sliding_inv_freq = config.sliding.map(|s| rope_inv_freq(config.rotary_dim, s.rope_theta, &RopeScaling::Default));
+        let embed_scale = (config.arch == Arch::Gemma3).then(|| (config.hidden_size as f64).sqrt() as f32);
         Ok(Model {
             final_norm: read_vector(src, &descriptor.final_norm.name)?,
             norm: descriptor.norm,
@@ -133,6 +150,8 @@ impl Model {
             layers,
             head,
             inv_freq,
+            sliding_inv_freq,
+            embed_scale,
             config,
         })
     }
@@ -144,7 +163,7 @@ impl Model {
             .layer_types
             .iter()
             .map(|k| match k {
-                LayerKind::FullAttention => LayerState::Kv(KvCache::default()),
+                LayerKind::FullAttention | LayerKind::SlidingAttention => LayerState::Kv(KvCache::default()),
                 LayerKind::LinearAttention => {
                     LayerState::Gdn(GdnState::new(self.config.gdn.as_ref().expect("GDN layers have a GDN config")))
                 }
@@ -166,20 +185,28 @@ impl Model {
         }
         let rows: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
         self.embed.scaled_rows(&rows, &vec![1.0; t], &mut x)?;
+        if let Some(s) = self.embed_scale {
+            // After the gather, as transformers: (d q) s, not d (q s).
+            x.iter_mut().for_each(|v| *v *= s);
+        }
         let positions: Vec<usize> = (state.pos..state.pos + t).collect();
         let eps = self.config.rms_norm_eps;
         let mut normed = vec![0.0; x.len()];
         let mut rstd = vec![0.0; t];
-        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+        for ((layer, ls), kind) in self.layers.iter().zip(state.layers.iter_mut()).zip(&self.config.layer_types) {
             rmsnorm_forward(&mut normed, &mut rstd, &x, &layer.input_norm, self.norm, eps);
+            let inv_freq = match (kind, &self.sliding_inv_freq) {
+                (LayerKind::SlidingAttention, Some(f)) => f,
+                _ => &self.inv_freq,
+            };
             let mixed = match (&layer.mixer, ls) {
-                (Mixer::Attention(a), LayerState::Kv(cache)) => a.forward(&normed, &positions, &self.inv_freq, cache)?,
+                (Mixer::Attention(a), LayerState::Kv(cache)) => a.forward(&normed, &positions, inv_freq, cache)?,
                 (Mixer::Gdn(g), LayerState::Gdn(s)) => g.forward(&normed, t, s)?,
                 _ => return Err(Error::invalid("decode state", "does not belong to this model")),
             };
-            add(&mut x, &mixed);
-            rmsnorm_forward(&mut normed, &mut rstd, &x, &layer.post_norm, self.norm, eps);
-            add(&mut x, &layer.mlp.forward(&normed, t)?);
+            self.residual_add(&mut x, mixed, layer.mixer_out_norm.as_deref());
+            rmsnorm_forward(&mut normed, &mut rstd, &x, &layer.mlp_norm, self.norm, eps);
+            self.residual_add(&mut x, layer.mlp.forward(&normed, t)?, layer.mlp_out_norm.as_deref());
         }
         rmsnorm_forward(&mut normed, &mut rstd, &x, &self.final_norm, self.norm, eps);
         state.pos += t;
@@ -192,6 +219,15 @@ impl Model {
         let mut out = vec![0.0; rows * self.config.vocab_size];
         self.head.apply(Direction::Forward, hidden, rows, &mut out)?;
         Ok(out)
+    }
+
+    /// `x += y`, or `x += norm(y)` with the output norm `out_norm` (Gemma 3).
+    fn residual_add(&self, x: &mut [f32], y: Vec<f32>, out_norm: Option<&[f32]>) {
+        let Some(w) = out_norm else { return add(x, &y) };
+        let mut normed = vec![0.0; y.len()];
+        let mut rstd = vec![0.0; y.len() / w.len()];
+        rmsnorm_forward(&mut normed, &mut rstd, &y, w, self.norm, self.config.rms_norm_eps);
+        add(x, &normed);
     }
 }
 
@@ -216,15 +252,16 @@ fn load_layer(
         let t = l.tensors.iter().find(|t| t.name.ends_with(suffix)).expect("descriptor lists it");
         read_vector(src, &t.name)
     };
+    let gemma = cfg.arch == Arch::Gemma3;
     let mixer = match l.kind {
-        LayerKind::FullAttention => Mixer::Attention(Attention {
+        LayerKind::FullAttention | LayerKind::SlidingAttention => Mixer::Attention(Attention {
             q: proj(".q_proj")?,
             k: proj(".k_proj")?,
             v: proj(".v_proj")?,
             o: proj(".o_proj")?,
             qk_norm: match cfg.arch {
                 Arch::Llama => None,
-                Arch::Qwen3 | Arch::Qwen35 => Some((tensor(".q_norm.weight")?, tensor(".k_norm.weight")?)),
+                Arch::Qwen3 | Arch::Qwen35 | Arch::Gemma3 => Some((tensor(".q_norm.weight")?, tensor(".k_norm.weight")?)),
             },
             norm: desc.norm,
             gated: cfg.arch == Arch::Qwen35,
@@ -232,6 +269,9 @@ fn load_layer(
             n_kv_head: cfg.n_kv_head,
             head_dim: cfg.head_dim,
             eps: cfg.rms_norm_eps,
+            // transformers: query_pre_attn_scalar ** -0.5 in f64, then f32.
+            scale: cfg.query_pre_attn_scalar.map_or(1.0 / (cfg.head_dim as f32).sqrt(), |s| s.powf(-0.5) as f32),
+            window: (l.kind == LayerKind::SlidingAttention).then(|| cfg.sliding.map(|s| s.window)).flatten(),
         }),
         LayerKind::LinearAttention => Mixer::Gdn(GatedDeltaNet {
             in_proj_qkv: proj("in_proj_qkv")?,
@@ -242,10 +282,14 @@ fn load_layer(
             weights: Arc::new(GdnWeights::read(&tensor, cfg.gdn.expect("GDN layers have a GDN config"), cfg.rms_norm_eps)?),
         }),
     };
+    let act = if gemma { GateAct::GeluTanh } else { GateAct::Silu };
+    let optional = |suffix: &str| if gemma { tensor(suffix).map(Some) } else { Ok(None) };
     Ok(Layer {
         input_norm: tensor("input_layernorm.weight")?,
         mixer,
-        post_norm: tensor("post_attention_layernorm.weight")?,
-        mlp: Mlp { gate: proj("gate_proj")?, up: proj("up_proj")?, down: proj("down_proj")? },
+        mixer_out_norm: optional("post_attention_layernorm.weight")?,
+        mlp_norm: tensor(if gemma { "pre_feedforward_layernorm.weight" } else { "post_attention_layernorm.weight" })?,
+        mlp: Mlp { gate: proj("gate_proj")?, up: proj("up_proj")?, down: proj("down_proj")?, act },
+        mlp_out_norm: optional("post_feedforward_layernorm.weight")?,
     })
 }

@@ -24,10 +24,17 @@ pub enum Op {
     },
     /// Causal GQA softmax attention with a KV cache.
     Attention,
+    /// [`Op::Attention`] over the last `window` positions only.
+    SlidingAttention {
+        /// Positions each query sees, itself included.
+        window: usize,
+    },
     /// Attention output times `sigmoid(gate)` (Qwen3.5's q_proj emits the gate).
     OutputGate,
     /// `silu(gate) * up`.
     SwiGlu,
+    /// `gelu_tanh(gate) * up` (Gemma).
+    GeGlu,
     /// Depthwise causal conv over time, then SiLU.
     CausalConv1dSilu,
     /// L2 normalisation of GDN q and k heads.
@@ -93,23 +100,23 @@ impl Descriptor {
     /// The descriptor for `cfg`'s architecture and sizes.
     pub fn new(cfg: &ModelConfig) -> Self {
         let norm = match cfg.arch {
-            Arch::Qwen35 => NormWeight::OnePlus,
+            Arch::Qwen35 | Arch::Gemma3 => NormWeight::OnePlus,
             Arch::Llama | Arch::Qwen3 => NormWeight::Plain,
         };
-        let h = cfg.hidden_size;
-        let p = &cfg.prefix;
+        let (h, p) = (cfg.hidden_size, &cfg.prefix);
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let lp = format!("{p}layers.{i}.");
                 let mut d = match cfg.layer_types[i] {
-                    LayerKind::FullAttention => attention_layer(cfg, &lp, norm),
+                    LayerKind::FullAttention | LayerKind::SlidingAttention => attention_layer(cfg, &lp, norm, cfg.layer_types[i]),
                     LayerKind::LinearAttention => gdn_layer(cfg, &lp),
                 };
-                d.tensors.insert(0, spec(format!("{lp}input_layernorm.weight"), &[h]));
-                d.tensors.push(spec(format!("{lp}post_attention_layernorm.weight"), &[h]));
                 d.projections.extend(mlp(cfg, &lp));
-                d.ops.splice(0..0, [Op::RmsNorm(norm)]);
-                d.ops.extend([Op::Residual, Op::RmsNorm(norm), Op::SwiGlu, Op::Residual]);
+                if cfg.arch == Arch::Gemma3 {
+                    sandwich_norms(cfg, &lp, norm, &mut d);
+                } else {
+                    pre_norms(cfg, &lp, norm, &mut d);
+                }
                 d
             })
             .collect();
@@ -168,7 +175,29 @@ impl Descriptor {
     }
 }
 
-fn attention_layer(cfg: &ModelConfig, lp: &str, norm: NormWeight) -> LayerDesc {
+/// Llama's layer: `x += mixer(norm(x)); x += mlp(norm(x))`, the second
+/// norm named `post_attention_layernorm`.
+fn pre_norms(cfg: &ModelConfig, lp: &str, norm: NormWeight, d: &mut LayerDesc) {
+    let h = cfg.hidden_size;
+    d.tensors.insert(0, spec(format!("{lp}input_layernorm.weight"), &[h]));
+    d.tensors.push(spec(format!("{lp}post_attention_layernorm.weight"), &[h]));
+    d.ops.splice(0..0, [Op::RmsNorm(norm)]);
+    d.ops.extend([Op::Residual, Op::RmsNorm(norm), Op::SwiGlu, Op::Residual]);
+}
+
+/// Gemma's layer: `x += norm(attn(norm(x))); x += norm(mlp(norm(x)))`,
+/// with transformers' names for the four norms.
+fn sandwich_norms(cfg: &ModelConfig, lp: &str, norm: NormWeight, d: &mut LayerDesc) {
+    let h = cfg.hidden_size;
+    d.tensors.insert(0, spec(format!("{lp}input_layernorm.weight"), &[h]));
+    for name in ["post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+        d.tensors.push(spec(format!("{lp}{name}.weight"), &[h]));
+    }
+    d.ops.splice(0..0, [Op::RmsNorm(norm)]);
+    d.ops.extend([Op::RmsNorm(norm), Op::Residual, Op::RmsNorm(norm), Op::GeGlu, Op::RmsNorm(norm), Op::Residual]);
+}
+
+fn attention_layer(cfg: &ModelConfig, lp: &str, norm: NormWeight, kind: LayerKind) -> LayerDesc {
     let (h, hd) = (cfg.hidden_size, cfg.head_dim);
     let gated = cfg.arch == Arch::Qwen35;
     let q_out = cfg.n_head * hd * if gated { 2 } else { 1 };
@@ -186,11 +215,15 @@ fn attention_layer(cfg: &ModelConfig, lp: &str, norm: NormWeight) -> LayerDesc {
         tensors.push(spec(format!("{lp}self_attn.k_norm.weight"), &[hd]));
         ops.push(Op::HeadRmsNorm(norm));
     }
-    ops.extend([Op::Rope { rotary_dim: cfg.rotary_dim }, Op::Attention]);
+    ops.push(Op::Rope { rotary_dim: cfg.rotary_dim });
+    ops.push(match (kind, cfg.sliding) {
+        (LayerKind::SlidingAttention, Some(s)) => Op::SlidingAttention { window: s.window },
+        _ => Op::Attention,
+    });
     if gated {
         ops.push(Op::OutputGate);
     }
-    LayerDesc { kind: LayerKind::FullAttention, projections, tensors, ops }
+    LayerDesc { kind, projections, tensors, ops }
 }
 
 fn gdn_layer(cfg: &ModelConfig, lp: &str) -> LayerDesc {

@@ -19,7 +19,9 @@
 //! Hugging Face counterpart (e.g. `rope_freqs.weight`) keep their GGUF name.
 //! For `qwen35` files the converter's other rewrites (value-head order,
 //! `A_log`, norm offsets, conv shape) are undone too, see
-//! [`crate::model::qwen35::gguf`]. Files of architecture `qwen3next` open
+//! [`crate::model::qwen35::gguf`]. For `gemma3` files the norm weights
+//! stored as `1 + w` and the MLP norms' names are undone, see
+//! [`crate::model::gemma3::gguf`]. Files of architecture `qwen3next` open
 //! (metadata and tokenizer are readable) but their tensors are refused.
 //!
 //! ```no_run
@@ -30,6 +32,7 @@
 //! let wq = g.get("model.layers.0.self_attn.q_proj.weight")?.to_f32()?;
 //! # Ok::<(), hexlora::Error>(())
 //! ```
+use crate::model::gemma3::gguf as gemma3;
 use crate::model::qwen35::gguf::{self as qwen35, Rewritten, Undo};
 use crate::model::source::{DType, RawTensor, TensorSource};
 use crate::{Error, Result};
@@ -200,6 +203,9 @@ impl GgmlType {
             8 => DType::Q8_0,
             2 => DType::Q4_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
+            13 => DType::Q5K,
             12 => DType::Q4K,
             14 => DType::Q6K,
             _ => return None,
@@ -246,6 +252,8 @@ enum Rewrite {
     Unpermute(usize),
     /// Qwen3.5 conventions.
     Qwen35(Undo),
+    /// Gemma's RMSNorm weight stored as `1 + w`.
+    NormOffset,
 }
 
 /// What the header, metadata and tensor infos say.
@@ -291,7 +299,11 @@ impl Gguf {
         let adapter = this.value("general.type").and_then(Value::as_str) == Some("adapter");
         let heads = if arch == "llama" && !adapter { Some(this.llama_heads()?) } else { None };
         for (i, t) in this.parsed.tensors.iter().enumerate() {
-            let hf = if arch == "qwen35" { qwen35_hf_name(&t.name) } else { hf_name(&t.name) };
+            let hf = match arch.as_str() {
+                "qwen35" => qwen35_hf_name(&t.name),
+                "gemma3" => gemma3_hf_name(&t.name),
+                _ => hf_name(&t.name),
+            };
             if this.hf_index.insert(hf.clone(), i).is_some() {
                 return Err(Error::format(&this.what, format!("tensor {hf} appears twice")));
             }
@@ -300,6 +312,7 @@ impl Gguf {
                 Some((q, _)) if t.name.ends_with(".attn_q.weight") => Some(Rewrite::Unpermute(q)),
                 Some((_, kv)) if t.name.ends_with(".attn_k.weight") => Some(Rewrite::Unpermute(kv)),
                 _ if arch == "qwen35" && !adapter => qwen35::undo_for(&t.name).map(Rewrite::Qwen35),
+                _ if arch == "gemma3" && !adapter && gemma3::stores_norm_offset(&t.name) => Some(Rewrite::NormOffset),
                 _ => None,
             };
             this.rewrites.push(rewrite.map(|r| (r, OnceLock::new())));
@@ -315,6 +328,7 @@ impl Gguf {
                 bytes: Self::unpermute(t, stored.bytes, n_head, &self.what)?,
             }),
             Rewrite::Qwen35(undo) => qwen35::apply(undo, stored, qwen35::Heads::from_gguf(self)?),
+            Rewrite::NormOffset => gemma3::undo_norm_offset(stored),
         }
     }
 
@@ -490,7 +504,7 @@ impl TensorSource for Gguf {
         let t = &self.parsed.tensors[i];
         let dtype = t.ggml_type.dtype().ok_or_else(|| {
             Error::Unsupported(format!(
-                "tensor {name} ({}) has type {}; hexlora reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K",
+                "tensor {name} ({}) has type {}; hexlora reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K",
                 t.name, t.ggml_type.name
             ))
         })?;
@@ -565,6 +579,18 @@ pub fn qwen35_hf_name(gguf: &str) -> String {
     let layer_rest = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.'));
     match layer_rest {
         Some((layer, rest)) if layer.parse::<usize>().is_ok() => match qwen35::hf_layer_name(rest) {
+            Some(hf) => format!("model.layers.{layer}.{hf}"),
+            None => hf_name(gguf),
+        },
+        _ => hf_name(gguf),
+    }
+}
+
+/// [`hf_name`] for a `gemma3` file, whose MLP norms have names of their own.
+pub fn gemma3_hf_name(gguf: &str) -> String {
+    let layer_rest = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.'));
+    match layer_rest {
+        Some((layer, rest)) if layer.parse::<usize>().is_ok() => match gemma3::hf_layer_name(rest) {
             Some(hf) => format!("model.layers.{layer}.{hf}"),
             None => hf_name(gguf),
         },
@@ -797,6 +823,11 @@ mod tests {
         assert_eq!(hf_name("output.weight"), "lm_head.weight");
         assert_eq!(hf_name("rope_freqs.weight"), "rope_freqs.weight");
         assert_eq!(hf_name("blk.x.attn_q.weight"), "blk.x.attn_q.weight");
+        // Gemma 3: ffn_norm comes before the MLP, post_ffw_norm after it.
+        assert_eq!(gemma3_hf_name("blk.4.ffn_norm.weight"), "model.layers.4.pre_feedforward_layernorm.weight");
+        assert_eq!(gemma3_hf_name("blk.4.post_ffw_norm.weight"), "model.layers.4.post_feedforward_layernorm.weight");
+        assert_eq!(gemma3_hf_name("blk.4.post_attention_norm.weight"), "model.layers.4.post_attention_layernorm.weight");
+        assert_eq!(gemma3_hf_name("blk.4.attn_q_norm.weight"), "model.layers.4.self_attn.q_norm.weight");
     }
 
     #[test]

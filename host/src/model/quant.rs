@@ -7,11 +7,16 @@
 //! | Q8_0 | 32  | 34  | f16 d, i8 q[32]; x = d q |
 //! | Q4_0 | 32  | 18  | f16 d, u8 qs[16]; x = d (nibble - 8) |
 //! | Q4_1 | 32  | 20  | f16 d, f16 m, u8 qs[16]; x = d nibble + m |
+//! | Q5_0 | 32  | 22  | f16 d, u32 qh, u8 qs[16]; x = d (q - 16) |
+//! | Q5_1 | 32  | 24  | f16 d, f16 m, u32 qh, u8 qs[16]; x = d q + m |
+//! | Q5_K | 256 | 176 | f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128] |
 //! | Q4_K | 256 | 144 | f16 d, f16 dmin, u8 scales[12] (8 x 6-bit scale/min), u8 qs[128] |
 //! | Q6_K | 256 | 210 | u8 ql[128], u8 qh[64], i8 scales[16], f16 d |
 //!
 //! In Q4_0/Q4_1 the low nibbles of a block are elements 0..16 and the high
-//! nibbles 16..32. Q8_0 goes through `hexlora_proto::q8_0`, the one
+//! nibbles 16..32. Q5_0/Q5_1 add a fifth bit: bit `j` of the little-endian
+//! `qh` belongs to element `j`. The arithmetic of each decoder is gguf-py's
+//! (`gguf.quants`), operation for operation, so the values are its bits. Q8_0 goes through `hexlora_proto::q8_0`, the one
 //! dequantizer the DSP firmware also uses, so host and NPU see one weight.
 //!
 //! Quantized rows are whole blocks (GGUF requires the innermost dim to be a
@@ -35,7 +40,10 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
             DType::Q4K => "Q4_K",
+            DType::Q5K => "Q5_K",
             DType::Q6K => "Q6_K",
         }
     }
@@ -44,8 +52,8 @@ impl DType {
     pub fn block_len(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
-            DType::Q4K | DType::Q6K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
+            DType::Q4K | DType::Q5K | DType::Q6K => 256,
         }
     }
 
@@ -57,7 +65,10 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
             DType::Q4K => 144,
+            DType::Q5K => 176,
             DType::Q6K => 210,
         }
     }
@@ -183,7 +194,10 @@ fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
         DType::Q8_0 => decode_q8_0(b.try_into().unwrap(), y.try_into().unwrap()),
         DType::Q4_0 => decode_q4_0(b.try_into().unwrap(), y.try_into().unwrap()),
         DType::Q4_1 => decode_q4_1(b.try_into().unwrap(), y.try_into().unwrap()),
+        DType::Q5_0 => decode_q5_0(b.try_into().unwrap(), y.try_into().unwrap()),
+        DType::Q5_1 => decode_q5_1(b.try_into().unwrap(), y.try_into().unwrap()),
         DType::Q4K => decode_q4_k(b.try_into().unwrap(), y.try_into().unwrap()),
+        DType::Q5K => decode_q5_k(b.try_into().unwrap(), y.try_into().unwrap()),
         DType::Q6K => decode_q6_k(b.try_into().unwrap(), y.try_into().unwrap()),
     }
 }
@@ -227,6 +241,38 @@ fn decode_q4_1(b: &[u8; 20], y: &mut [f32; 32]) {
     }
 }
 
+/// The 5-bit values of a Q5_0/Q5_1 block from its `qh` (4 bytes) and `qs`
+/// (16 bytes): element `j < 16` is the low nibble of `qs[j]`, element
+/// `j + 16` its high nibble, each with bit `j` (`j + 16`) of `qh` on top.
+#[inline(always)]
+fn q5_values(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = [0u8; 32];
+    for (j, &b) in qs.iter().enumerate() {
+        q[j] = (b & 0x0f) | (((qh >> j) & 1) as u8) << 4;
+        q[j + 16] = (b >> 4) | (((qh >> (j + 16)) & 1) as u8) << 4;
+    }
+    q
+}
+
+/// Q5_0: `x = d (q - 16)`.
+#[inline(always)]
+fn decode_q5_0(b: &[u8; 22], y: &mut [f32; 32]) {
+    let d = f16_at(b, 0);
+    for (y, q) in y.iter_mut().zip(q5_values(&b[2..6], &b[6..22])) {
+        *y = d * (q as i32 - 16) as f32;
+    }
+}
+
+/// Q5_1: `x = d q + m`.
+#[inline(always)]
+fn decode_q5_1(b: &[u8; 24], y: &mut [f32; 32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for (y, q) in y.iter_mut().zip(q5_values(&b[4..8], &b[8..24])) {
+        *y = d * q as f32 + m;
+    }
+}
+
 /// Scale and min number `j` (0..8) of a K-quant block, packed as 6 bits each
 /// in 12 bytes: the first four in the low 6 bits of bytes 0..4 / 4..8, the
 /// last four split between bytes 8..12 and the top 2 bits of bytes 0..8.
@@ -256,6 +302,28 @@ pub(crate) fn decode_q4_k(b: &[u8; 144], y: &mut [f32; 256]) {
         for l in 0..32 {
             y[l] = d * s1 * (q[l] & 0x0f) as f32 - dmin * m1;
             y[l + 32] = d * s2 * (q[l] >> 4) as f32 - dmin * m2;
+        }
+    }
+}
+
+/// Q5_K: eight sub-blocks of 32, `x = (d sc) q - dmin m` with 5-bit `q`:
+/// Q4_K's nibbles plus, for sub-block `s`, bit `s` of `qh[l]` on element `l`.
+#[inline(always)]
+pub(crate) fn decode_q5_k(b: &[u8; 176], y: &mut [f32; 256]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for s in 0..8 {
+        let (sc, m) = scale_min_k4(s, scales);
+        // gguf-py multiplies the scales first: (d sc) q - (dmin m).
+        let (ds, dm) = (d * sc, dmin * m);
+        // Sub-blocks 2g and 2g + 1 share 32 bytes of qs: low then high nibbles.
+        let q = &qs[32 * (s / 2)..32 * (s / 2) + 32];
+        let shift = 4 * (s % 2);
+        for l in 0..32 {
+            let v = ((q[l] >> shift) & 0x0f) | ((qh[l] >> s) & 1) << 4;
+            y[32 * s + l] = ds * v as f32 - dm;
         }
     }
 }

@@ -23,8 +23,14 @@ pub enum DType {
     Q4_0,
     /// GGUF Q4_1.
     Q4_1,
+    /// GGUF Q5_0.
+    Q5_0,
+    /// GGUF Q5_1.
+    Q5_1,
     /// GGUF Q4_K (super-blocks of 256).
     Q4K,
+    /// GGUF Q5_K (super-blocks of 256).
+    Q5K,
     /// GGUF Q6_K (super-blocks of 256).
     Q6K,
 }

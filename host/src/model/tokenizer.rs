@@ -19,6 +19,7 @@
 //! # Ok::<(), hexlora::Error>(())
 //! ```
 use crate::model::gguf::Gguf;
+use crate::model::sentencepiece;
 use crate::{Error, Result};
 use std::path::Path;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
@@ -60,30 +61,24 @@ impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let model = g.get_str("tokenizer.ggml.model")?;
+        // Only SentencePiece vocabularies depend on it; tokenizer-only files may lack it.
+        let arch = g.get_str("general.architecture").unwrap_or("");
         match model {
             "gpt2" => {}
+            "llama" if matches!(arch, "gemma" | "gemma2" | "gemma3") => {}
             "llama" => {
-                return Err(Error::Unsupported(
-                    "SentencePiece GGUF tokenizers (tokenizer.ggml.model = llama) are not supported yet; \
-                     use the model's tokenizer.json"
-                        .into(),
-                ))
+                return Err(Error::Unsupported(format!(
+                    "SentencePiece GGUF tokenizers (tokenizer.ggml.model = llama) are not supported yet for \
+                     architecture {arch:?} (only Gemma's are read); use the model's tokenizer.json"
+                )))
             }
             other => return Err(Error::Unsupported(format!("GGUF tokenizer model {other:?}"))),
         }
-        let pre = match g.value("tokenizer.ggml.pre") {
-            Some(_) => g.get_str("tokenizer.ggml.pre")?,
-            None => "default",
-        };
         let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
-        let merges = g.get_str_array("tokenizer.ggml.merges")?;
         let types = match g.value("tokenizer.ggml.token_type") {
             Some(_) => g.get_i32_array("tokenizer.ggml.token_type")?,
             None => Vec::new(),
         };
-        let mut inner = byte_level_bpe(&tokens, &merges)?;
-        set_pre_tokenizer(&mut inner, pre)?;
-        add_gguf_added_tokens(&mut inner, &tokens, &types)?;
         let id = |key: &str| -> Result<Option<u32>> {
             let Some(_) = g.value(key) else { return Ok(None) };
             let id = g.get_u32(key)?;
@@ -92,9 +87,23 @@ impl Tokenizer {
             }
             Ok(Some(id))
         };
+        let mut inner = if model == "gpt2" {
+            let pre = match g.value("tokenizer.ggml.pre") {
+                Some(_) => g.get_str("tokenizer.ggml.pre")?,
+                None => "default",
+            };
+            let mut t = byte_level_bpe(&tokens, &g.get_str_array("tokenizer.ggml.merges")?)?;
+            set_pre_tokenizer(&mut t, pre)?;
+            t
+        } else {
+            let unk = id("tokenizer.ggml.unknown_token_id")?.map_or("<unk>", |i| tokens[i as usize]);
+            sentencepiece::gemma(&tokens, unk)?
+        };
+        add_gguf_added_tokens(&mut inner, &tokens, &types, model == "gpt2")?;
+        // SentencePiece files without the flag get a BOS (llama.cpp's default, and transformers').
         let add_bos = match g.value("tokenizer.ggml.add_bos_token") {
             Some(_) => g.get_bool("tokenizer.ggml.add_bos_token")?,
-            None => false,
+            None => model == "llama",
         };
         Ok(Tokenizer {
             inner,
@@ -162,11 +171,13 @@ impl Tokenizer {
     }
 
     /// Ids that end an answer: the model's `eos_token_ids`, the
-    /// tokenizer's end-of-sequence id and ChatML's `<|im_end|>`, where present.
+    /// tokenizer's end-of-sequence id and the end of a chat turn (ChatML's
+    /// `<|im_end|>`, Gemma's `<end_of_turn>`), where present.
     pub fn stop_ids(&self, model_eos: &[u32]) -> Vec<u32> {
         let mut ids = model_eos.to_vec();
         ids.extend(self.eos_id);
         ids.extend(self.token_to_id("<|im_end|>"));
+        ids.extend(self.token_to_id("<end_of_turn>"));
         ids
     }
 
@@ -262,15 +273,17 @@ fn set_pre_tokenizer(t: &mut tokenizers::Tokenizer, pre: &str) -> Result<()> {
     Ok(())
 }
 
-/// CONTROL tokens become special added tokens, USER_DEFINED ones plain added
-/// tokens; both are then matched whole in the input text. A CONTROL token
-/// spelled outside the byte alphabet is a llama.cpp mislabel and skipped.
-fn add_gguf_added_tokens(t: &mut tokenizers::Tokenizer, tokens: &[&str], types: &[i32]) -> Result<()> {
+/// CONTROL tokens become special added tokens, USER_DEFINED ones that the
+/// vocabulary spells as the file does plain added tokens; both are then
+/// matched whole in the input text. In a byte-level vocabulary a CONTROL
+/// token spelled outside the byte alphabet is a llama.cpp mislabel and
+/// skipped.
+fn add_gguf_added_tokens(t: &mut tokenizers::Tokenizer, tokens: &[&str], types: &[i32], byte_level: bool) -> Result<()> {
     let table = bytes_to_unicode();
     let mut special = Vec::new();
     let mut user = Vec::new();
     for (tok, &ty) in tokens.iter().zip(types) {
-        if ty == TOKEN_CONTROL && tok.chars().all(|c| table.contains(&c)) {
+        if ty == TOKEN_CONTROL && (!byte_level || tok.chars().all(|c| table.contains(&c))) {
             special.push(AddedToken::from(tok.to_string(), true).normalized(false));
         } else if ty == TOKEN_USER_DEFINED && t.token_to_id(tok).is_some() {
             user.push(AddedToken::from(tok.to_string(), false).normalized(false));

@@ -164,33 +164,52 @@ fn heads_transposed(x: &[f32], d: AttnDims) -> Vec<f32> {
 /// One parallel task per (head, block of [`BLOCK`] queries): scores against
 /// the keys the block can see, row softmax, then `p v`.
 pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32) {
+    attention_forward_window(out, lse, q, k, v, d, scale, None)
+}
+
+/// [`attention_forward`] where, with `window = Some(w)`, a causal query
+/// also ignores keys `w` or more positions before it: query `t` sees keys
+/// `visible(t) - w .. visible(t)` (sliding-window attention; transformers'
+/// `sliding_window = w`). A block of queries only computes scores for the
+/// keys its rows can see, so a long prompt costs `O(q_len w)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_window(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f32, window: Option<usize>) {
     check_forward(out, lse, q, k, v, d);
+    assert!(window != Some(0), "attention: a window of 0 keys");
     let AttnDims { n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
+    // First key query `t` sees.
+    let first = |t: usize| window.map_or(0, |w| d.visible(t).saturating_sub(w));
     // Decoding (a few queries against a long cache) would spend more on
     // the copy than on the products: k is read sideways in place then.
     let kt = (d.q_len >= TRANSPOSE_MIN_QUERIES).then(|| heads_transposed(k, d));
     let out_ptr = SharedMut(out.as_mut_ptr());
     query_blocks(lse, d, |h, r0, rows| {
         let out_ptr = out_ptr;
-        let keys = d.visible(r0 + rows - 1);
-        // Offsets of this block's first query row and of its head's keys.
-        let (qv, kv) = (r0 * qs + h * hd, (h / group) * hd);
-        // k^T of this head: [hd, keys]
+        // Keys lo..hi: what the block's rows see together.
+        let (lo, hi) = (first(r0), d.visible(r0 + rows - 1));
+        let keys = hi - lo;
+        // Offsets of this block's first query row and of its head's first key.
+        let (qv, kv) = (r0 * qs + h * hd, lo * ks + (h / group) * hd);
+        // k^T of this head from key lo: [hd, keys]
         let k_t = match &kt {
-            Some(kt) => (kt[(h / group) * hd * d.kv_len..].as_ptr(), d.kv_len, 1),
+            Some(kt) => (kt[(h / group) * hd * d.kv_len + lo..].as_ptr(), d.kv_len, 1),
             None => (k[kv..].as_ptr(), 1, ks),
         };
         // p: [rows, keys]
         let mut p = vec![0.0f32; rows * keys];
-        // SAFETY: q rows r0..r0+rows and k/v rows 0..keys of this head lie
+        // SAFETY: q rows r0..r0+rows and k/v rows lo..hi of this head lie
         // inside q, k (or kt), v (lengths asserted above); out rows
         // r0..r0+rows of head h are written by this task only.
         unsafe {
             gemm((rows, hd, keys), scale, (q.as_ptr().add(qv), qs, 1), k_t, (p.as_mut_ptr(), keys, 1));
         }
-        let lse_b: Vec<f32> = p.chunks_exact_mut(keys).enumerate().map(|(t, row)| softmax_prefix(row, d.visible(r0 + t))).collect();
+        let lse_b: Vec<f32> = p
+            .chunks_exact_mut(keys)
+            .enumerate()
+            .map(|(t, row)| softmax_range(row, first(r0 + t) - lo, d.visible(r0 + t) - lo))
+            .collect();
         unsafe {
             gemm((rows, keys, hd), 1.0, (p.as_ptr(), keys, 1), (v.as_ptr().add(kv), ks, 1), (out_ptr.0.add(qv), qs, 1));
         }
@@ -272,8 +291,16 @@ pub fn attention_forward_with(products: Products, out: &mut [f32], lse: &mut [f3
 /// Softmax of `row[..seen]` in place, zero past it; returns the row's
 /// log-sum-exp.
 fn softmax_prefix(row: &mut [f32], seen: usize) -> f32 {
-    let (live, masked) = row.split_at_mut(seen);
-    masked.fill(0.0);
+    softmax_range(row, 0, seen)
+}
+
+/// Softmax of `row[from..to]` in place, zero elsewhere; returns the
+/// log-sum-exp of that range.
+fn softmax_range(row: &mut [f32], from: usize, to: usize) -> f32 {
+    let (row, after) = row.split_at_mut(to);
+    after.fill(0.0);
+    let (before, live) = row.split_at_mut(from);
+    before.fill(0.0);
     let max = lane_max(live);
     exp_shifted(live, max);
     let sum = lane_sum(live);
@@ -284,12 +311,12 @@ fn softmax_prefix(row: &mut [f32], seen: usize) -> f32 {
 
 simd_fn! {
     /// One row of the backward's score block, in place: `p = exp(s - lse)`
-    /// on the `seen` visible keys (zero past them) and
+    /// on the visible keys `hidden..seen` (zero elsewhere) and
     /// `ds = p (dp - big_d) scale`.
-    fn probs_and_score_grads(s: &mut [f32], dp: &mut [f32], seen: usize, lse: f32, big_d: f32, scale: f32) {
+    fn probs_and_score_grads(s: &mut [f32], dp: &mut [f32], hidden: usize, seen: usize, lse: f32, big_d: f32, scale: f32) {
         for (j, (p, g)) in s.iter_mut().zip(dp.iter_mut()).enumerate() {
             let e = exp(*p - lse);
-            *p = if j < seen { e } else { 0.0 };
+            *p = if j >= hidden && j < seen { e } else { 0.0 };
             *g = *p * (*g - big_d) * scale;
         }
     }
@@ -297,12 +324,13 @@ simd_fn! {
 
 /// Partial gradients of one (head, key block) backward task.
 struct KeyBlockGrads {
-    /// `[rows, hd]`: this key block's share of `dq` for queries `first..`.
+    /// `[rows, hd]`: this key block's share of `dq` for queries `first..end`.
     dq: Vec<f32>,
     /// `[cols, hd]` each: this head's share of the block's `dk`, `dv`.
     dk: Vec<f32>,
     dv: Vec<f32>,
     first: usize,
+    end: usize,
 }
 
 /// Backward of [`attention_forward`]: the probabilities are rebuilt from
@@ -316,17 +344,20 @@ struct KeyBlockGrads {
 /// afterwards in key-block order (dq) and head order (dk, dv).
 ///
 /// `dq`, `dk`, `dv` (all three overwritten) are shaped as `q`, `k`, `v`
-/// (see [`BackwardInputs`]).
+/// (see [`BackwardInputs`]). With a sliding window the task covers only
+/// the queries near enough to see the block.
 pub fn attention_backward((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x: BackwardInputs<'_>) {
     check_backward((dq, dk, dv), &x);
-    let BackwardInputs { dout, q, k, v, out, lse, d, scale } = x;
+    let BackwardInputs { dout, q, k, v, out, lse, d, scale, window } = x;
     let AttnDims { q_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
     let (kt, vt) = (heads_transposed(k, d), heads_transposed(v, d));
     key_blocks((dq, dk, dv), d, |h, c0, cols| {
         let first = d.first_seeing(c0);
-        let rows = q_len - first;
+        // Queries from `end` on are `window` or more positions past the block's last key.
+        let end = window.map_or(q_len, |w| (c0 + cols - 1 + w).saturating_sub(d.kv_len - q_len).clamp(first, q_len));
+        let rows = end - first;
         let qv = first * qs + h * hd;
         let kv = c0 * ks + (h / group) * hd;
         // column c0 of this head in `kt` and `vt`
@@ -334,7 +365,7 @@ pub fn attention_backward((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x:
         // s, dp: [rows, cols]
         let (mut s, mut dp) = (vec![0.0f32; rows * cols], vec![0.0f32; rows * cols]);
         let (mut dq_b, mut dk_b, mut dv_b) = (vec![0.0f32; rows * hd], vec![0.0f32; cols * hd], vec![0.0f32; cols * hd]);
-        // SAFETY: query rows first..q_len and key rows c0..c0+cols of
+        // SAFETY: query rows first..end and key rows c0..c0+cols of
         // this head lie inside q, dout, k, v and their copies kt, vt
         // (lengths asserted above); the outputs are this task's own buffers.
         unsafe {
@@ -346,14 +377,15 @@ pub fn attention_backward((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x:
             let at = t * qs + h * hd;
             let big_d = lane_dot(&dout[at..at + hd], &out[at..at + hd]);
             let seen = d.visible(t).saturating_sub(c0);
-            probs_and_score_grads(s_r, dp_r, seen, lse[t * n_head + h], big_d, scale);
+            let hidden = window.map_or(0, |w| d.visible(t).saturating_sub(w).saturating_sub(c0));
+            probs_and_score_grads(s_r, dp_r, hidden, seen, lse[t * n_head + h], big_d, scale);
         }
         unsafe {
             gemm((cols, rows, hd), 1.0, (s.as_ptr(), 1, cols), (dout.as_ptr().add(qv), qs, 1), (dv_b.as_mut_ptr(), hd, 1));
             gemm((cols, rows, hd), 1.0, (dp.as_ptr(), 1, cols), (q.as_ptr().add(qv), qs, 1), (dk_b.as_mut_ptr(), hd, 1));
             gemm((rows, cols, hd), 1.0, (dp.as_ptr(), cols, 1), (k.as_ptr().add(kv), ks, 1), (dq_b.as_mut_ptr(), hd, 1));
         }
-        KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first }
+        KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first, end }
     });
 }
 
@@ -377,6 +409,8 @@ pub struct BackwardInputs<'a> {
     pub d: AttnDims,
     /// The forward's score scale.
     pub scale: f32,
+    /// The forward's sliding window ([`attention_forward_window`]).
+    pub window: Option<usize>,
 }
 
 fn check_backward((dq, dk, dv): (&[f32], &[f32], &[f32]), x: &BackwardInputs<'_>) {
@@ -391,7 +425,7 @@ fn check_backward((dq, dk, dv): (&[f32], &[f32], &[f32]), x: &BackwardInputs<'_>
 /// [`attention_backward`] with its products computed as `products` says.
 pub fn attention_backward_with(products: Products, (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x: BackwardInputs<'_>) {
     #[cfg(target_arch = "x86_64")]
-    if products.runs_bf16(&x.d) {
+    if products.runs_bf16(&x.d) && x.window.is_none() {
         check_backward((dq, dk, dv), &x);
         return bf16::backward((dq, dk, dv), x);
     }
@@ -417,7 +451,7 @@ fn key_blocks((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), d: AttnDims, t
     // dq[t, h] = sum over key blocks, in block order.
     dq.par_chunks_mut(qs).enumerate().for_each(|(t, dq_t)| {
         dq_t.fill(0.0);
-        for (task, g) in grads.iter().enumerate().filter(|(_, g)| g.first <= t) {
+        for (task, g) in grads.iter().enumerate().filter(|(_, g)| (g.first..g.end).contains(&t)) {
             let h = task / blocks;
             let src = &g.dq[(t - g.first) * hd..][..hd];
             dq_t[h * hd..][..hd].iter_mut().zip(src).for_each(|(a, b)| *a += b);
@@ -481,6 +515,11 @@ mod tests {
 
     /// f64 reference with explicit repeat_kv and a -inf mask.
     fn reference(q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f64) -> Vec<f64> {
+        reference_window(q, k, v, d, scale, usize::MAX)
+    }
+
+    /// [`reference`] where query `t` also masks keys `j` with `pos - j >= window`.
+    fn reference_window(q: &[f32], k: &[f32], v: &[f32], d: AttnDims, scale: f64, window: usize) -> Vec<f64> {
         let mut out = vec![0f64; d.q_len * d.n_head * d.head_dim];
         let hd = d.head_dim;
         for t in 0..d.q_len {
@@ -489,7 +528,7 @@ mod tests {
                 let pos = d.kv_len - d.q_len + t;
                 let s: Vec<f64> = (0..d.kv_len)
                     .map(|j| {
-                        if d.causal && j > pos {
+                        if d.causal && (j > pos || pos - j >= window) {
                             f64::NEG_INFINITY
                         } else {
                             scale
@@ -512,6 +551,32 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Sliding windows shorter and longer than a block of queries, with and
+    /// without cached keys before the queries, a window of one key and one
+    /// wider than the sequence (plain causal attention, to the same bits).
+    #[test]
+    fn sliding_window_matches_f64_with_the_window_mask() {
+        let cases = [(150, 150, 40), (150, 150, 100), (3, 60, 7), (1, 30, 5), (20, 23, 1), (70, 90, 500)];
+        for (q_len, kv_len, window) in cases {
+            let d = AttnDims { q_len, kv_len, n_head: 4, n_kv_head: 2, head_dim: 8, causal: true };
+            let q: Vec<f32> = (0..q_len * 32).map(|i| (i as f32 * 0.61).sin()).collect();
+            let k: Vec<f32> = (0..kv_len * 16).map(|i| (i as f32 * 0.23).cos()).collect();
+            let v: Vec<f32> = (0..kv_len * 16).map(|i| (i as f32 * 0.11).sin() * 2.0).collect();
+            let want = reference_window(&q, &k, &v, d, 0.35, window);
+            let mut out = vec![0.0; q.len()];
+            let mut lse = vec![0.0; q_len * 4];
+            attention_forward_window(&mut out, &mut lse, &q, &k, &v, d, 0.35, Some(window));
+            for (i, (g, w)) in out.iter().zip(&want).enumerate() {
+                assert!((*g as f64 - w).abs() < 1e-5, "{q_len}/{kv_len} window {window}, element {i}: {g} vs {w}");
+            }
+            if window >= kv_len {
+                let mut plain = vec![0.0; q.len()];
+                attention_forward(&mut plain, &mut lse, &q, &k, &v, d, 0.35);
+                assert_eq!(plain, out, "a window wider than the sequence changes nothing");
+            }
+        }
     }
 
     #[test]
@@ -547,7 +612,7 @@ mod tests {
                 let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; 200 * 6]);
                 attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, 0.25);
                 let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.25 });
+                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.25, window: None });
                 [out, lse, dq, dk, dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
             })
         };
@@ -585,10 +650,41 @@ mod tests {
                     assert!((*got as f64 - w).abs() < products.tolerance(), "{products:?} {q_len}/{kv_len}/{causal}: {got} vs {w}");
                 }
                 let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.35 });
+                attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.35, window: None });
                 let analytic = dot(&dq, &e) + dot(&dk, &f) + dot(&dv, &g);
                 assert!((analytic - numeric).abs() < products.derivative_tolerance() * (1.0 + numeric.abs()), "{products:?} {causal}: {analytic} vs {numeric}");
             }
+        }
+    }
+
+    /// Sliding windows (shorter than a block of keys, spanning blocks,
+    /// of one key, with cached keys before the queries): the backward's
+    /// directional derivatives against central differences of the f64
+    /// windowed forward.
+    #[test]
+    fn sliding_window_backward_matches_directional_derivatives() {
+        for (q_len, kv_len, window) in [(150, 150, 40), (150, 150, 100), (130, 130, 1), (70, 100, 30)] {
+            let d = AttnDims { q_len, kv_len, n_head: 2, n_kv_head: 1, head_dim: 4, causal: true };
+            let wave = |n: usize, k: f32, a: f32| (0..n).map(|i| (i as f32 * k).sin() * a).collect::<Vec<f32>>();
+            let (q, k, v) = (wave(q_len * 8, 0.61, 1.0), wave(kv_len * 4, 0.23, 1.0), wave(kv_len * 4, 0.11, 2.0));
+            let dout = wave(q.len(), 0.37, 1.0);
+            let (e, f, g) = (wave(q.len(), 0.77, 1.0), wave(k.len(), 0.19, 1.0), wave(v.len(), 0.53, 1.0));
+            let objective = |t: f32| {
+                let shift = |x: &[f32], dir: &[f32]| x.iter().zip(dir).map(|(a, b)| a + t * b).collect::<Vec<f32>>();
+                let o = reference_window(&shift(&q, &e), &shift(&k, &f), &shift(&v, &g), d, 0.35, window);
+                o.iter().zip(&dout).map(|(o, w)| o * *w as f64).sum::<f64>()
+            };
+            let h = 1e-2;
+            let numeric = (objective(h as f32) - objective(-h as f32)) / (2.0 * h);
+            let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>();
+            let mut out = vec![0.0; q.len()];
+            let mut lse = vec![0.0; q_len * 2];
+            attention_forward_window(&mut out, &mut lse, &q, &k, &v, d, 0.35, Some(window));
+            let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+            let x = BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.35, window: Some(window) };
+            attention_backward_with(Products::Bf16, (&mut dq, &mut dk, &mut dv), x);
+            let analytic = dot(&dq, &e) + dot(&dk, &f) + dot(&dv, &g);
+            assert!((analytic - numeric).abs() < 1e-3 * (1.0 + numeric.abs()), "{q_len}/{kv_len} window {window}: {analytic} vs {numeric}");
         }
     }
 
@@ -607,7 +703,7 @@ mod tests {
             let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; 256 * 9]);
             attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, 0.125);
             let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-            attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.125 });
+            attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale: 0.125, window: None });
             [out, lse, dq, dk, dv]
         };
         let (want, got) = (run(Products::F32), run(Products::Bf16));

@@ -20,6 +20,7 @@ pub mod bf16_matmul;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod gdn;
+pub mod geglu;
 pub mod matmul;
 pub mod quant_bf16;
 pub mod quant_matvec;

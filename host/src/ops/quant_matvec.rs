@@ -312,7 +312,9 @@ unsafe fn pass<V: Lanes, const T: usize>(mut out: Out<'_>, x: &[f32], w: StoredR
                     DType::Q8_0 => blocks_32::<V, T, 34>(&mut acc, row, q8_0::<V>),
                     DType::Q4K => blocks_256::<V, T, 144>(&mut acc, row, decode_q4_k),
                     DType::Q6K => blocks_256::<V, T, 210>(&mut acc, row, decode_q6_k),
-                    DType::F32 | DType::F16 | DType::BF16 => unreachable!("matvec checked the type"),
+                    DType::F32 | DType::F16 | DType::BF16 | DType::Q5_0 | DType::Q5_1 | DType::Q5K => {
+                        unreachable!("matvec checked the type")
+                    }
                 }
                 out.row(o, &acc.sums());
             }

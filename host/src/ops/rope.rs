@@ -87,22 +87,29 @@ impl AngleTable {
 /// the shared table (which would grow too large).
 const TABLE_MAX_LEN: usize = 1 << 16;
 
+/// Frequency sets whose tables are kept at once: Gemma 3 alternates two
+/// (local and global layers) in every forward.
+const TABLES_KEPT: usize = 4;
+
 /// The angle table for `inv_freq` covering positions `0..=max_pos`. Every
-/// layer's q and k (forward and backward) rotate by the same angles, so one
-/// table, kept until the frequencies change or more positions are needed,
-/// saves a sin and a cos per (token, frequency, call). Keyed by the
-/// frequencies' values, never by pointer.
+/// layer's q and k (forward and backward) rotate by the same angles, so a
+/// few tables, one per set of frequencies, each kept until more positions
+/// are needed, save a sin and a cos per (token, frequency, call). Keyed by
+/// the frequencies' values, never by pointer; the least recently built
+/// table makes room for a new set.
 fn angle_table(inv_freq: &[f32], max_pos: usize) -> Arc<AngleTable> {
-    static CACHE: Mutex<Option<Arc<AngleTable>>> = Mutex::new(None);
+    static CACHE: Mutex<Vec<Arc<AngleTable>>> = Mutex::new(Vec::new());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    match cache.as_ref() {
-        Some(t) if t.len > max_pos && t.inv_freq == inv_freq => t.clone(),
-        _ => {
-            let t = Arc::new(AngleTable::new(inv_freq, (max_pos + 1).next_power_of_two().max(256)));
-            *cache = Some(t.clone());
-            t
-        }
+    if let Some(t) = cache.iter().find(|t| t.len > max_pos && t.inv_freq == inv_freq) {
+        return t.clone();
     }
+    let t = Arc::new(AngleTable::new(inv_freq, (max_pos + 1).next_power_of_two().max(256)));
+    cache.retain(|old| old.inv_freq != inv_freq);
+    if cache.len() == TABLES_KEPT {
+        cache.remove(0);
+    }
+    cache.push(t.clone());
+    t
 }
 
 /// Rotates `x: [tokens, heads, head_dim]` in place; token `t` sits at

@@ -3,6 +3,7 @@
 use super::data::{Encoder, Message};
 use crate::model::chat::ChatTemplate;
 use crate::model::checkpoint::Checkpoint;
+use crate::model::config::Arch;
 use crate::model::tokenizer::Tokenizer;
 use crate::Result;
 use std::path::Path;
@@ -15,15 +16,12 @@ pub struct ModelText {
     chat: std::result::Result<ChatTemplate, String>,
 }
 
-/// ChatML when the model names no template (SmolLM2 and Qwen ship ChatML);
-/// a template we do not implement is an error at first use, never silently
-/// replaced by ChatML, since training on the wrong template teaches the
-/// model the wrong turn markers.
-fn chat_from(jinja: Option<String>) -> std::result::Result<ChatTemplate, String> {
-    match jinja {
-        None => Ok(ChatTemplate::chatml()),
-        Some(j) => ChatTemplate::from_jinja(&j).map_err(|e| e.to_string()),
-    }
+/// ChatML when the model names no template (SmolLM2 and Qwen ship ChatML;
+/// Gemma's for a Gemma 3 file); a template we do not implement is an
+/// error at first use, never silently replaced by ChatML, since training
+/// on the wrong template teaches the model the wrong turn markers.
+fn chat_from(jinja: Option<&str>, arch: Arch) -> std::result::Result<ChatTemplate, String> {
+    ChatTemplate::for_checkpoint(jinja, arch).map_err(|e| e.to_string())
 }
 
 impl ModelText {
@@ -35,7 +33,7 @@ impl ModelText {
 
     /// The tokenizer and chat template `ckpt` carries.
     pub fn of(ckpt: &Checkpoint) -> Result<Self> {
-        Ok(ModelText { tokenizer: ckpt.tokenizer()?, chat: chat_from(ckpt.chat_template.clone()) })
+        Ok(ModelText { tokenizer: ckpt.tokenizer()?, chat: chat_from(ckpt.chat_template.as_deref(), ckpt.config.arch) })
     }
 }
 
@@ -52,21 +50,23 @@ impl Encoder for ModelText {
     }
 
     fn end_of_turn(&self) -> String {
-        // Every template we support is ChatML.
-        "<|im_end|>".into()
+        // Without a usable template there is no chat data; ChatML's marker
+        // keeps prompt/completion data as it was.
+        self.chat.as_ref().map_or("<|im_end|>", ChatTemplate::end_of_turn).into()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::chat_from;
+    use super::{chat_from, Arch, ChatTemplate};
 
     #[test]
-    fn missing_template_is_chatml_and_foreign_template_is_refused() {
-        assert!(chat_from(None).is_ok());
-        let llama3 = "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>{% endfor %}".to_string();
-        let why = chat_from(Some(llama3)).unwrap_err();
-        assert!(why.contains("not ChatML"), "{why}");
-        assert!(chat_from(Some("{{ '<|im_start|>' + m + '<|im_end|>' }}".into())).is_ok());
+    fn missing_template_is_chatml_or_gemmas_and_foreign_template_is_refused() {
+        assert_eq!(chat_from(None, Arch::Llama), Ok(ChatTemplate::chatml()));
+        assert_eq!(chat_from(None, Arch::Gemma3), Ok(ChatTemplate::Gemma));
+        let llama3 = "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>{% endfor %}";
+        let why = chat_from(Some(llama3), Arch::Llama).unwrap_err();
+        assert!(why.contains("neither ChatML nor Gemma"), "{why}");
+        assert!(chat_from(Some("{{ '<|im_start|>' + m + '<|im_end|>' }}"), Arch::Llama).is_ok());
     }
 }

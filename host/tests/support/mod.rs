@@ -26,6 +26,17 @@ pub fn smollm2() -> Option<PathBuf> {
     None
 }
 
+/// Gemma 3 270M Q4_K_M, or `None` (skipped) when it is absent: a failure
+/// under CI, where `toolchain/fetch-models.sh` places it.
+pub fn gemma3() -> Option<PathBuf> {
+    let p = root().join("../models/gemma-3-270m-q4_k_m.gguf");
+    if p.exists() {
+        return Some(p);
+    }
+    skip(&format!("{} is absent (toolchain/fetch-models.sh places it)", p.display()));
+    None
+}
+
 /// The PEFT directory of fixture adapter `name` (`sotu`, `marker`).
 pub fn adapter(name: &str) -> PathBuf {
     root().join("tests/fixtures/adapters").join(name).join("adapter")

@@ -1,19 +1,27 @@
-//! The training graph of the attention decoders (Llama, Qwen3): one
-//! recomputable segment per layer, the fused vocabulary head + loss at the
-//! end. Per layer (`x: [rows, hidden]`, rows = batch * seq):
+//! The training graph of the attention decoders (Llama, Qwen3, Gemma 3):
+//! one recomputable segment per layer, the fused vocabulary head + loss at
+//! the end. Per layer (`x: [rows, hidden]`, rows = batch * seq):
 //!
 //! ```text
-//! h  = rmsnorm(x)                       q/k/v = proj(h) + lora      (Qwen3: q/k rmsnorm per head)
+//! h  = rmsnorm(x)                       q/k/v = proj(h) + lora      (Qwen3, Gemma 3: q/k rmsnorm per head)
 //! q, k = rope(q), rope(k)               a = attention(q, k, v)      (causal, GQA)
 //! x1 = x + proj_o(a) + lora             h2 = rmsnorm(x1)
 //! m  = swiglu(proj_gate(h2) + lora, proj_up(h2) + lora)
 //! y  = x1 + proj_down(m) + lora
 //! ```
 //!
+//! Gemma 3 differs in five places: the embeddings are scaled by
+//! `sqrt(hidden)`; the attention and MLP outputs are normalised before
+//! each residual add (`x1 = x + rmsnorm(proj_o(a))`, the same for `y`);
+//! the MLP is GeGLU (`gelu_tanh` gate); scores are scaled by
+//! `query_pre_attn_scalar^-1/2`; and its local layers attend within a
+//! sliding window, rotating with their own RoPE base.
+//!
 //! Frozen weights are only reached through [`Projection`]s, which callers may
 //! swap (the split runtime routes them to the NPU).
 use crate::train::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
+use crate::model::blocks::GateAct;
 use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
 use crate::model::decoder::ProjectionFactory;
@@ -24,7 +32,7 @@ use crate::ops::bf16_matmul::Bf16Matrix;
 use crate::ops::cross_entropy::slice_rows;
 use crate::ops::embedding::embedding_forward;
 use crate::ops::rmsnorm::NormWeight;
-use crate::ops::rope::rope_inv_freq;
+use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::projection::{Projection, ProjectionInfo, ProjectionKind};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -35,9 +43,15 @@ struct Layer {
     /// q, k, v, o, gate, up, down.
     proj: [Arc<dyn Projection>; 7],
     input_norm: Arc<Vec<f32>>,
+    /// The norm before the MLP (`post_attention_layernorm`; Gemma 3's
+    /// `pre_feedforward_layernorm`).
     post_norm: Arc<Vec<f32>>,
-    /// Qwen3's per-head q/k norms.
+    /// Qwen3's and Gemma 3's per-head q/k norms.
     qk_norm: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
+    /// Gemma 3's norms of the attention and MLP outputs.
+    out_norms: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
+    /// Gemma 3's local layers: the sliding window.
+    window: Option<usize>,
 }
 
 struct Shared {
@@ -45,6 +59,14 @@ struct Shared {
     norm: NormWeight,
     layers: Vec<Layer>,
     inv_freq: Arc<Vec<f32>>,
+    /// The sliding-window layers' own frequencies (Gemma 3).
+    sliding_inv_freq: Option<Arc<Vec<f32>>>,
+    /// Attention's score scale.
+    attn_scale: f32,
+    /// The MLP's gate activation.
+    act: GateAct,
+    /// Factor of the embedding rows (Gemma 3's `sqrt(hidden)` in f32).
+    embed_scale: Option<f32>,
     /// Attention's products: operands rounded to bf16 on the AMX tiles
     /// when the frozen weights are bf16 (the products with them round their
     /// activations the same way), f32 otherwise.
@@ -131,9 +153,10 @@ impl DecoderGraph {
     /// the vocabulary head are held in `tables`, which also picks
     /// attention's products (bf16 tables: bf16 operands).
     pub fn load_with(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>, tables: FrozenDtype) -> Result<Self> {
-        if cfg.arch == Arch::Qwen35 || cfg.layer_types.iter().any(|k| *k != LayerKind::FullAttention) {
-            return Err(Error::Unsupported("training Qwen3.5 (Gated DeltaNet layers) is not implemented yet".into()));
+        if cfg.arch == Arch::Qwen35 || cfg.layer_types.contains(&LayerKind::LinearAttention) {
+            return Err(Error::Unsupported("Qwen3.5 (Gated DeltaNet layers) has a graph of its own".into()));
         }
+        let gemma = cfg.arch == Arch::Gemma3;
         let desc = Descriptor::new(&cfg);
         desc.check(src)?;
         let proj = |info: &ProjectionInfo| -> Result<Arc<dyn Projection>> { make(info.clone(), &src.get(&format!("{}.weight", info.name))?) };
@@ -141,15 +164,19 @@ impl DecoderGraph {
         for (l, ld) in desc.layers.iter().enumerate() {
             let p: Vec<Arc<dyn Projection>> = ld.projections.iter().map(proj).collect::<Result<_>>()?;
             let lp = format!("{}layers.{l}.", cfg.prefix);
+            let norm = |name: &str| f32_tensor(src, &format!("{lp}{name}.weight"));
             let qk_norm = match cfg.arch {
                 Arch::Llama => None,
-                _ => Some((f32_tensor(src, &format!("{lp}self_attn.q_norm.weight"))?, f32_tensor(src, &format!("{lp}self_attn.k_norm.weight"))?)),
+                _ => Some((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?)),
             };
+            let out_norms = if gemma { Some((norm("post_attention_layernorm")?, norm("post_feedforward_layernorm")?)) } else { None };
             layers.push(Layer {
                 proj: p.try_into().map_err(|_| Error::Unsupported("attention layer without exactly 7 projections".into()))?,
-                input_norm: f32_tensor(src, &format!("{lp}input_layernorm.weight"))?,
-                post_norm: f32_tensor(src, &format!("{lp}post_attention_layernorm.weight"))?,
+                input_norm: norm("input_layernorm")?,
+                post_norm: norm(if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
                 qk_norm,
+                out_norms,
+                window: (ld.kind == LayerKind::SlidingAttention).then(|| cfg.sliding.map(|s| s.window)).flatten(),
             });
         }
         let embed = match tables {
@@ -167,12 +194,18 @@ impl DecoderGraph {
             .map(|(first, rows)| head_window(&head_w, ProjectionInfo { out_features: rows, ..head_info.clone() }, first))
             .collect::<Result<_>>()?;
         let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
+        let sliding_inv_freq = cfg.sliding.map(|s| Arc::new(rope_inv_freq(cfg.rotary_dim, s.rope_theta, &RopeScaling::Default)));
         let final_norm = f32_tensor(src, &desc.final_norm.name)?;
         let attention = match tables {
             FrozenDtype::F32 => Products::F32,
             FrozenDtype::Bf16 => Products::Bf16,
         };
-        Ok(DecoderGraph { shared: Arc::new(Shared { cfg, norm: desc.norm, layers, inv_freq, attention }), embed, final_norm, head, head_slices, unfused_lora: false })
+        // As the inference decoder: query_pre_attn_scalar^-1/2 in f64, then f32.
+        let attn_scale = cfg.query_pre_attn_scalar.map_or(1.0 / (cfg.head_dim as f32).sqrt(), |s| s.powf(-0.5) as f32);
+        let act = if gemma { GateAct::GeluTanh } else { GateAct::Silu };
+        let embed_scale = gemma.then(|| (cfg.hidden_size as f64).sqrt() as f32);
+        let shared = Shared { cfg, norm: desc.norm, layers, inv_freq, sliding_inv_freq, attn_scale, act, embed_scale, attention };
+        Ok(DecoderGraph { shared: Arc::new(shared), embed, final_norm, head, head_slices, unfused_lora: false })
     }
 
     /// Opens a GGUF file or a Hugging Face directory (CPU projections, f32).
@@ -216,6 +249,10 @@ impl DecoderGraph {
         let ids: Vec<u32> = input_ids.concat();
         let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
         self.embed.lookup(&mut x.data, &ids, cfg.hidden_size)?;
+        if let Some(s) = self.shared.embed_scale {
+            // After the gather, as transformers multiplies the looked-up rows.
+            x.data.iter_mut().for_each(|v| *v *= s);
+        }
         let mut x = tape.constant(x);
         let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
         for l in 0..self.shared.layers.len() {
@@ -268,26 +305,45 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
             k = tape.rms_norm(k, kn, shared.norm, eps)?;
         }
         let (q_lin, k_lin) = (q, k);
-        let q = tape.rope(q, &positions, cfg.n_head, cfg.head_dim, &shared.inv_freq)?;
-        let k = tape.rope(k, &positions, cfg.n_kv_head, cfg.head_dim, &shared.inv_freq)?;
+        let inv_freq = match (layer.window, &shared.sliding_inv_freq) {
+            (Some(_), Some(f)) => f,
+            _ => &shared.inv_freq,
+        };
+        let q = tape.rope(q, &positions, cfg.n_head, cfg.head_dim, inv_freq)?;
+        let k = tape.rope(k, &positions, cfg.n_kv_head, cfg.head_dim, inv_freq)?;
         // Read by no backward (RoPE's rotates dY back): activation memory.
         tape.forget(q_lin);
         tape.forget(k_lin);
         let dims = AttnDims { q_len: seq, kv_len: seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, causal };
-        let a = tape.attention(q, k, v, dims, 1.0 / (cfg.head_dim as f32).sqrt(), shared.attention)?;
+        let a = tape.attention_window(q, k, v, dims, shared.attn_scale, shared.attention, layer.window)?;
         let o = lin(tape, 3, a)?;
+        let o = out_norm(tape, o, layer.out_norms.as_ref().map(|n| &n.0), shared.norm, eps)?;
         let x1 = tape.add(x, o)?;
         tape.forget(o);
         let h2 = tape.rms_norm(x1, &layer.post_norm, shared.norm, eps)?;
         let (g, u) = (lin(tape, 4, h2)?, lin(tape, 5, h2)?);
         tape.forget_recomputable(h2);
-        let m = tape.swiglu(g, u)?;
+        let m = match shared.act {
+            GateAct::Silu => tape.swiglu(g, u)?,
+            GateAct::GeluTanh => tape.geglu(g, u)?,
+        };
         let d = lin(tape, 6, m)?;
         tape.forget_recomputable(m);
+        let d = out_norm(tape, d, layer.out_norms.as_ref().map(|n| &n.1), shared.norm, eps)?;
         let y = tape.add(x1, d)?;
         tape.forget(d);
         Ok(y)
     })
+}
+
+/// `rmsnorm(y)` with Gemma 3's output norm `weight`, or `y` itself. The
+/// norm's backward reads `y`, so only its output may be forgotten after
+/// the residual add.
+fn out_norm(tape: &mut Tape, y: Var, weight: Option<&Arc<Vec<f32>>>, kind: NormWeight, eps: f32) -> Result<Var> {
+    match weight {
+        Some(w) => tape.rms_norm(y, w, kind, eps),
+        None => Ok(y),
+    }
 }
 
 impl TrainableModel for DecoderGraph {
@@ -302,8 +358,10 @@ impl TrainableModel for DecoderGraph {
     fn activation_bytes_per_token_layer(&self) -> usize {
         let c = &self.shared.cfg;
         // Kept to the backward: the layer input, attention output and
-        // residual sum (hidden each), gate and up, rotated q and k, and v.
-        4 * (3 * c.hidden_size + 2 * c.intermediate_size + (c.n_head + 2 * c.n_kv_head) * c.head_dim)
+        // residual sum (hidden each), gate and up, rotated q and k, and v;
+        // Gemma 3's output norms keep their inputs too (two more hidden).
+        let out_norms = if self.shared.layers.iter().any(|l| l.out_norms.is_some()) { 2 } else { 0 };
+        4 * ((3 + out_norms) * c.hidden_size + 2 * c.intermediate_size + (c.n_head + 2 * c.n_kv_head) * c.head_dim)
     }
 
     fn loss(&self, tape: &mut Tape, batch: &Batch, lora: &LoraVars, opts: &GraphOptions, logits: Option<&mut Vec<f32>>) -> Result<Var> {

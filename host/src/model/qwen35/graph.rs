@@ -82,6 +82,7 @@ fn load_layer(cfg: &ModelConfig, ld: &LayerDesc, src: &dyn TensorSource, make: &
     };
     let mixer = match ld.kind {
         LayerKind::FullAttention => Mixer::Attention { q_norm: Arc::new(tensor(".q_norm.weight")?), k_norm: Arc::new(tensor(".k_norm.weight")?) },
+        LayerKind::SlidingAttention => return Err(Error::Unsupported("sliding-window attention in the Qwen3.5 graph".into())),
         LayerKind::LinearAttention => Mixer::Gdn(Arc::new(GdnWeights {
             conv_weight: tensor("conv1d.weight")?,
             dt_bias: tensor("dt_bias")?,

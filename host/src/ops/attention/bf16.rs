@@ -77,7 +77,8 @@ struct KvOperands {
 /// The backward (see `attention_backward`), per (query head, block of
 /// keys) over the queries that see the block.
 pub(super) fn backward((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x: BackwardInputs<'_>) {
-    let BackwardInputs { dout, q, k, v, out, lse, d, scale } = x;
+    // Never called with a window (`attention_backward_with` keeps those on f32).
+    let BackwardInputs { dout, q, k, v, out, lse, d, scale, .. } = x;
     let AttnDims { q_len, kv_len, n_head, n_kv_head, head_dim: hd, .. } = d;
     let group = n_head / n_kv_head;
     let (qs, ks) = (n_head * hd, n_kv_head * hd);
@@ -128,7 +129,7 @@ pub(super) fn backward((dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]), x: Ba
             product((&dst_a, 0, 0), (&ho.q_n, 0, first / 32), (cols, hd, chunks(width)), dk_b.as_mut_ptr(), hd, 1.0);
             product((&ds_a, 0, 0), (&kvo.k_n, 0, c0 / 32), (rows, hd, chunks(cols)), dq_b.as_mut_ptr(), hd, 1.0);
         }
-        KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first }
+        KeyBlockGrads { dq: dq_b, dk: dk_b, dv: dv_b, first, end: q_len }
     });
 }
 

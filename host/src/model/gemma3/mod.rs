@@ -1,0 +1,34 @@
+//! Gemma 3 (text): local sliding-window attention layers and a global one
+//! every sixth, each with its own RoPE base; per-head q/k RMSNorm; sandwich
+//! norms (after attention and around the MLP); GeGLU (tanh GELU); token
+//! embeddings scaled by `sqrt(hidden)`; RMSNorm as `(1 + w)`; tied head.
+//! Its configuration is read by [`config`], its GGUF conventions undone by
+//! [`gguf`]. Inference runs in the shared [`crate::model::decoder::Model`],
+//! training in the attention decoders' graph
+//! ([`crate::model::llama::DecoderGraph`], which holds Gemma 3's five
+//! differences from Llama).
+pub mod config;
+pub mod gguf;
+
+use super::arch::Architecture;
+use super::checkpoint::Checkpoint;
+use super::cpu_projection::FrozenDtype;
+use super::decoder::ProjectionFactory;
+use super::llama::DecoderGraph;
+use crate::train::graph::TrainableModel;
+use crate::Result;
+
+/// Gemma 3.
+pub struct Gemma3;
+
+impl Architecture for Gemma3 {
+    fn name(&self) -> &'static str {
+        "Gemma 3"
+    }
+
+    fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, tables: FrozenDtype, unfused: bool) -> Result<Box<dyn TrainableModel>> {
+        let mut model = DecoderGraph::load_with(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
+        model.set_unfused_lora(unfused);
+        Ok(Box::new(model))
+    }
+}
