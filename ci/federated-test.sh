@@ -2,8 +2,9 @@
 # Stage 1 federated on Flower (federated/), on loopback, on the tiny fixture
 # model (host/tests/fixtures/hyper/eval-model) and 9 + 3 generated users:
 #  1. one SuperNode holding every user, FedAvg of that one client, 2 rounds
-#     of 2 steps, ends bit-identical to single-process `hexlora hypertrain`
-#     for the same 4 steps (the reference is that run, not the federation);
+#     of 2 steps (the federation stopped after round 1 and started again
+#     with a new SuperLink), ends bit-identical to single-process `hexlora
+#     hypertrain` for the same 4 steps (the reference is that run);
 #  2. three SuperNodes on disjoint shards (3 users each) train, every round
 #     has all three workers, and the held-out loss falls from round 0.
 # Flower comes from PyPI into a venv of its own (never a dependency of
@@ -55,7 +56,11 @@ echo "== single-process reference: hypertrain, 4 steps"
 "$HEXLORA_BIN" hypertrain --model "$model" --data "$work/train.jsonl" $train_args --out "$work/single" --quiet
 
 echo "== 1 SuperNode, all users, 2 rounds x 2 steps"
+# Round 1, then a new SuperLink and SuperNode resume the same directory
+# for round 2 (the worker resumes its own commit, Adam moments included).
+check federation fed1 --supernodes 1 --rounds 1 --local-steps 2 --port "$port"
 check federation fed1 --supernodes 1 --rounds 2 --local-steps 2 --port "$port"
+check grep -q "resuming after committed round 1" "$work/fed1/flower/run.log"
 check "$py" ci/federated_check.py same "$work/single/hypernet" "$work/fed1/hypernet"
 
 echo "== 3 SuperNodes, shards 0/3 1/3 2/3, 2 rounds x 2 steps"

@@ -6,7 +6,7 @@
 #   federated/run.sh --supernodes 3 --model M --data users.jsonl \
 #       --dev-data dev.jsonl --out runs/fed [--rounds 3] [--local-steps 2] \
 #       [--train-args "--simcse-steps 1 --steps 5 --seed 0"] [--hexlora BIN] \
-#       [--port 19300] [--run-config 'key=value ...']
+#       [--port 19300] [--min-nodes N] [--run-config 'key=value ...']
 #
 # Each node keeps its worker state in OUT/nodes/K; Flower's own state and
 # logs go to OUT/flower. The same commands across machines: README.md,
@@ -14,12 +14,13 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv=${FLOWER_VENV:-$here/../target/flower-venv}
-supernodes=1 rounds=3 local_steps=2 port=19300 train_args="" extra_config=""
+supernodes=1 min_nodes="" rounds=3 local_steps=2 port=19300 train_args="" extra_config=""
 hexlora=$(command -v hexlora || echo "$here/../target/release/hexlora")
 model="" data="" dev_data="" out=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --supernodes) supernodes=$2 ;;
+        --min-nodes) min_nodes=$2 ;;
         --model) model=$2 ;;
         --data) data=$2 ;;
         --dev-data) dev_data=$2 ;;
@@ -71,8 +72,11 @@ address = "127.0.0.1:$port"
 insecure = true
 TOML
 
-setsid "$venv/bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" --database "$flower/superlink.db" >"$flower/superlink.log" 2>&1 &
+# The ServerApp runs in this venv (no per-run environment fetched from PyPI).
+setsid "$venv/bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" --database "$flower/superlink.db" \
+    --disable-runtime-dependency-installation >"$flower/superlink.log" 2>&1 &
 pids+=($!)
+echo "${pids[0]}" >"$flower/superlink.pid"
 echo "superlink pid ${pids[0]} on 127.0.0.1:$port" >&2
 for k in $(seq 0 $((supernodes - 1))); do
     shard=""
@@ -82,16 +86,20 @@ for k in $(seq 0 $((supernodes - 1))); do
         --node-config "shard=\"$shard\" data=\"$data\" model=\"$model\" hexlora=\"$hexlora\" workdir=\"$out/nodes/$k\"" \
         >"$flower/supernode-$k.log" 2>&1 &
     pids+=($!)
+    echo "$!" >"$flower/supernode-$k.pid"
 done
 
-config="num-server-rounds=$rounds local-steps=$local_steps min-nodes=$supernodes out-dir=\"$out\" hexlora=\"$hexlora\" model=\"$model\" dev-data=\"$dev_data\" train-args=\"$train_args\" $extra_config"
+# A round waits for min-nodes connected workers (default: all S) and
+# aggregates whichever of them answer.
+config="num-server-rounds=$rounds local-steps=$local_steps min-nodes=${min_nodes:-$supernodes} out-dir=\"$out\" hexlora=\"$hexlora\" model=\"$model\" dev-data=\"$dev_data\" train-args=\"$train_args\" $extra_config"
 # The SuperLink may take a moment to listen: retry the submission briefly.
-for attempt in $(seq 1 30); do
-    if started=$(flwr run "$here" loopback --run-config "$config" --format json 2>"$flower/run-submit.err"); then break; fi
-    [ "$attempt" -lt 30 ] || { cat "$flower/run-submit.err" >&2; exit 1; }
+run_id=""
+for attempt in $(seq 1 60); do
+    started=$(flwr run "$here" loopback --run-config "$config" --format json 2>"$flower/run-submit.err" || true)
+    run_id=$(echo "$started" | "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin).get("run-id") or "")' 2>/dev/null || true)
+    [ -z "$run_id" ] || break
     sleep 1
 done
-run_id=$(echo "$started" | "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin).get("run-id") or "")')
 [ -n "$run_id" ] || { echo "run.sh: flwr run did not start a run: $started" >&2; cat "$flower/run-submit.err" >&2; exit 1; }
 echo "run $run_id submitted; logs: $flower/run.log" >&2
 flwr log "$run_id" loopback --stream >"$flower/run.log" 2>&1 || true
