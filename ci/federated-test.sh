@@ -62,6 +62,7 @@ check federation fed1 --supernodes 1 --rounds 1 --local-steps 2 --port "$port"
 check federation fed1 --supernodes 1 --rounds 2 --local-steps 2 --port "$port"
 check grep -q "resuming after committed round 1" "$work/fed1/flower/run.log"
 check "$py" ci/federated_check.py same "$work/single/hypernet" "$work/fed1/hypernet"
+check "$py" ci/federated_check.py shards "$work/fed1" 1 9
 
 echo "== 3 SuperNodes, shards 0/3 1/3 2/3, 2 rounds x 2 steps"
 check federation fed3 --supernodes 3 --rounds 2 --local-steps 2 --port "$((port + 10))"

@@ -73,7 +73,10 @@ insecure = true
 TOML
 
 # The ServerApp runs in this venv (no per-run environment fetched from PyPI).
-setsid "$venv/bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" --database "$flower/superlink.db" \
+# The SuperLink's state stays in memory: the federation's is in --out, and a
+# database kept across launches would list the last launch's SuperNodes, on
+# which a resumed round would wait until their heartbeats time out.
+setsid "$venv/bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" \
     --disable-runtime-dependency-installation >"$flower/superlink.log" 2>&1 &
 pids+=($!)
 echo "${pids[0]}" >"$flower/superlink.pid"
