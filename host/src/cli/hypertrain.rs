@@ -1,7 +1,7 @@
 //! `hexlora hypertrain`: trains the LoRA-synthesizing hypernetwork for a
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
-use crate::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
+use crate::hyper::trainer::{hypertrain, hypertrain_from, HyperRun, HyperTrainConfig, StartFrom};
 use crate::train::learner::{claim_out_dir, AfterStep};
 use super::args::{choices, module_names, non_negative, positive, u64_in, usize_in, HEAD_VARIANTS, MAX_TOKENS, WEIGHTS_DTYPES};
 use crate::eval::lamp::read_lamp_dir;
@@ -34,7 +34,7 @@ pub struct Args {
     /// LoRA on its users, written to heldout.jsonl.
     #[arg(long)]
     dev_split: Option<String>,
-    /// Held-out users (the first N of --dev-split), 0 to 2^20.
+    /// Held-out users (the first N of --dev-split or --dev-data), 0 to 2^20.
     #[arg(long, default_value_t = 8, value_parser = usize_in(0..=1 << 20))]
     dev_users: usize,
     /// Evaluate the held-out loss every N steps (and before and after training), N >= 1.
@@ -47,6 +47,30 @@ pub struct Args {
     /// Users JSONL instead of --bench: {"user": ..., "examples": [{"query", "response"}, ...]}.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Held-out users JSONL (the form of --data) instead of --dev-split;
+    /// the first --dev-users of them.
+    #[arg(long, conflicts_with = "dev_split")]
+    dev_data: Option<PathBuf>,
+    /// Train on shard K of S (written K/S, 0 <= K < S) of the users: the
+    /// K-th of S contiguous, near-equal ranges in file or split order. Each
+    /// shard needs at least two users.
+    #[arg(long, value_parser = parse_shard)]
+    shard: Option<Shard>,
+    /// Start from this hypernetwork directory (hypernet.json +
+    /// hypernet.safetensors, as `hypernet/` is written) instead of a fresh
+    /// network; its configuration replaces the shape options.
+    #[arg(long)]
+    init_hypernet: Option<PathBuf>,
+    /// Global step the --init-hypernet parameters are at (it fixes the
+    /// users, dropout and learning rate of the next steps); with --resume
+    /// the commit in --out must be at this step, and keeps its Adam moments.
+    #[arg(long, default_value_t = 0, requires = "init_hypernet", value_parser = u64_in(0..=u32::MAX as u64))]
+    start_step: u64,
+    /// Run at most N steps in this invocation, then write hypernet/ (f32),
+    /// the commit and worker.json whatever the step; 0 writes the starting
+    /// network (and its held-out loss) without training. For federated workers.
+    #[arg(long, value_parser = u64_in(0..=u32::MAX as u64))]
+    local_steps: Option<u64>,
     /// Run directory: commit.safetensors, metrics.jsonl, loss.svg, hypernet/.
     #[arg(long)]
     out: PathBuf,
@@ -135,12 +159,49 @@ fn users_of(args: &Args) -> anyhow::Result<(Vec<UserRecord>, Vec<UserRecord>)> {
         (None, Some(path)) => load_users(path)?,
         (None, None) => anyhow::bail!("give --bench DIR or --data USERS.jsonl"),
     };
-    let dev = match (&args.bench, &args.dev_split) {
-        (Some(dir), Some(split)) => bench_users(dir, split, args.max_prompt_chars)?.into_iter().take(args.dev_users).collect(),
-        (None, Some(_)) => anyhow::bail!("--dev-split needs --bench"),
+    let dev = match (&args.bench, &args.dev_split, &args.dev_data) {
+        (Some(dir), Some(split), _) => bench_users(dir, split, args.max_prompt_chars)?,
+        (None, Some(_), _) => anyhow::bail!("--dev-split needs --bench"),
+        (_, None, Some(path)) => load_users(path)?,
         _ => Vec::new(),
     };
-    Ok((users, dev))
+    let users = match args.shard {
+        Some(shard) => shard.of(users)?,
+        None => users,
+    };
+    Ok((users, dev.into_iter().take(args.dev_users).collect()))
+}
+
+/// Shard K of S of the users.
+#[derive(Clone, Copy, Debug)]
+struct Shard {
+    index: usize,
+    count: usize,
+}
+
+fn parse_shard(s: &str) -> Result<Shard, String> {
+    let (k, n) = s.split_once('/').ok_or_else(|| format!("{s:?} is not K/S (e.g. 0/3)"))?;
+    let index: usize = k.trim().parse().map_err(|e| format!("shard index {k:?}: {e}"))?;
+    let count: usize = n.trim().parse().map_err(|e| format!("shard count {n:?}: {e}"))?;
+    match index < count {
+        true => Ok(Shard { index, count }),
+        false => Err(format!("{s}: the index must be below the count (0..{count})")),
+    }
+}
+
+impl Shard {
+    /// Users `[K n / S, (K + 1) n / S)`: contiguous, so the shards are
+    /// disjoint and cover every user.
+    fn of(self, mut users: Vec<UserRecord>) -> anyhow::Result<Vec<UserRecord>> {
+        let n = users.len();
+        let (from, to) = (self.index * n / self.count, (self.index + 1) * n / self.count);
+        if to - from < 2 {
+            let msg = format!("{}/{} holds {} of the {n} users; a shard needs at least two (in-batch negatives)", self.index, self.count, to - from);
+            return Err(crate::Error::invalid("--shard", msg).into());
+        }
+        users.truncate(to);
+        Ok(users.split_off(from))
+    }
 }
 
 /// The network's shape; the generated LoRA takes `common`'s rank, alpha
@@ -189,7 +250,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(crate::Error::invalid("--steps", "0 with --simcse-steps 0: nothing to train").into());
     }
     let (users, dev) = users_of(&args)?;
-    claim_out_dir(&args.out, &["hypernet", "metrics.jsonl", "loss.svg", "heldout.jsonl"], args.force)?;
+    claim_out_dir(&args.out, &["hypernet", "metrics.jsonl", "loss.svg", "heldout.jsonl", "worker.json"], args.force)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let positions = ckpt.config.max_position_embeddings;
     for (flag, v) in [("--max-len", args.max_len), ("--context-tokens", args.context_tokens)] {
@@ -200,19 +261,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = DecoderGraph::load(ckpt.tensors(), ckpt.config.clone())?;
     let text = ModelText::of(&ckpt)?;
     let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
-    let fresh = HyperNet::init(hyper_config(&args, common.as_ref()), &model, common.as_ref(), args.seed)?;
+    let fresh = match &args.init_hypernet {
+        Some(dir) => HyperNet::load(dir, &model)?,
+        None => HyperNet::init(hyper_config(&args, common.as_ref()), &model, common.as_ref(), args.seed)?,
+    };
     let train = train_config(&args);
+    let total = train.simcse_steps + train.e2e_steps;
+    if args.start_step > total {
+        return Err(crate::Error::invalid("--start-step", format!("{} is past the run's {total} steps (--simcse-steps + --steps)", args.start_step)).into());
+    }
     let heldout = match dev.is_empty() {
         true => None,
-        false => Some(HeldOut::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, args.resume)?),
+        false => Some(HeldOut::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, args.resume, args.start_step)?),
     };
-    let total = train.simcse_steps + train.e2e_steps;
     let mut on_step = AfterStep(|state: &HyperState| match &heldout {
         Some(h) if state.step % args.dev_every.max(1) == 0 || state.step == total => h.record(&model, &state.net, state.step),
         _ => Ok(()),
     });
-    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: None, commit_every: args.commit_every, hooks: Some(&mut on_step) };
-    let state = hypertrain(&model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?;
+    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: args.local_steps, commit_every: args.commit_every, hooks: Some(&mut on_step) };
+    let state = match args.init_hypernet {
+        Some(_) => hypertrain_from(&model, &text, &users, StartFrom { net: fresh, step: args.start_step }, common.as_ref(), &train, &args.out, run)?,
+        None => hypertrain(&model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?,
+    };
+    if args.local_steps.is_some() {
+        write_worker_outputs(&args.out, &state, &users, args.start_step)?;
+    }
     let first = |stage| state.history.iter().find(|r| r.stage == stage).map(|r| r.loss);
     let last = |stage| state.history.iter().rev().find(|r| r.stage == stage).map(|r| r.loss);
     use crate::hyper::commit::Stage;
@@ -226,6 +299,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let secs: f64 = state.history.iter().map(|r| r.seconds).sum();
     println!("{} steps in {secs:.1} s; hypernetwork in {}", state.step, args.out.join("hypernet").display());
+    Ok(())
+}
+
+/// What a federated worker hands back after its steps: `hypernet/` (f32,
+/// exact), the commit (the next round resumes its moments; written even
+/// when `--commit-every` skipped this step) and `worker.json`: the steps
+/// run, the shard's users and examples (FedAvg's weight) and the mean loss.
+fn write_worker_outputs(out: &Path, state: &HyperState, users: &[UserRecord], start_step: u64) -> anyhow::Result<()> {
+    state.net.save(&out.join("hypernet"))?;
+    state.commit(out)?;
+    let here: Vec<f64> = state.history.iter().filter(|r| r.step > start_step).map(|r| r.loss).collect();
+    let loss = (!here.is_empty()).then(|| here.iter().sum::<f64>() / here.len() as f64);
+    let summary = serde_json::json!({
+        "start_step": start_step,
+        "step": state.step,
+        "users": users.len(),
+        "examples": users.iter().map(|u| u.examples.len()).sum::<usize>(),
+        "loss": loss,
+    });
+    crate::train::atomic_write::write_atomic(&out.join("worker.json"), format!("{summary}\n").as_bytes())?;
     Ok(())
 }
 
@@ -249,7 +342,7 @@ impl HeldOut {
     /// Fixes the held-out examples, and on a fresh run records the common
     /// LoRA's loss and the untrained network's (step 0).
     #[allow(clippy::too_many_arguments)]
-    fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, resume: bool) -> anyhow::Result<Self> {
+    fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, resume: bool, step: u64) -> anyhow::Result<Self> {
         let set = HeldOutSet::new(text, fresh, dev, crate::autograd::counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
         std::fs::create_dir_all(out)?;
         let h = HeldOut { set, path: out.join("heldout.jsonl") };
@@ -257,7 +350,7 @@ impl HeldOut {
             let common_loss = common.map(|c| h.set.adapter_loss(model, c)).transpose()?;
             let line = serde_json::json!({"common_lora": common_loss, "users": h.set.users.len(), "tokens": h.set.tokens()});
             std::fs::write(&h.path, format!("{line}\n"))?;
-            h.record(model, fresh, 0)?;
+            h.record(model, fresh, step)?;
         }
         Ok(h)
     }
@@ -269,5 +362,37 @@ impl HeldOut {
         writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| crate::Error::io(&self.path, e))?;
         eprintln!("held-out loss at step {step}: {loss:.4}");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn population(n: usize) -> Vec<UserRecord> {
+        (0..n).map(|i| UserRecord { user: format!("u{i}"), examples: Vec::new() }).collect()
+    }
+
+    fn ids(users: &[UserRecord]) -> Vec<&str> {
+        users.iter().map(|u| u.user.as_str()).collect()
+    }
+
+    #[test]
+    fn shards_are_contiguous_disjoint_and_cover_every_user() {
+        let shard = |s: &str| parse_shard(s).unwrap().of(population(8)).unwrap();
+        assert_eq!(ids(&shard("0/3")), ["u0", "u1"]);
+        assert_eq!(ids(&shard("1/3")), ["u2", "u3", "u4"]);
+        assert_eq!(ids(&shard("2/3")), ["u5", "u6", "u7"]);
+        assert_eq!(ids(&shard("0/1")).len(), 8);
+    }
+
+    #[test]
+    fn bad_shards_name_the_option_and_the_numbers() {
+        for (s, want) in [("3/3", "below the count"), ("1", "not K/S"), ("a/3", "shard index"), ("0/x", "shard count")] {
+            let err = parse_shard(s).unwrap_err();
+            assert!(err.contains(want), "{s}: {err}");
+        }
+        let err = parse_shard("0/3").unwrap().of(population(5)).unwrap_err().to_string();
+        assert!(err.contains("--shard") && err.contains("0/3 holds 1 of the 5 users"), "{err}");
     }
 }

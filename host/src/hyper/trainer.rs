@@ -90,9 +90,54 @@ pub fn hypertrain(
 ) -> Result<HyperState> {
     let fp = fingerprint(config, &fresh, users);
     let loaded = HyperState::load(out, model)?;
-    let state = open_state(out, &fp, run.resume, loaded, || {
-        Ok(HyperState { adamw: AdamW::new(config.adamw, &fresh.params()), net: fresh, step: 0, seed: config.seed, history: Vec::new(), fingerprint: fp.clone() })
-    })?;
+    let state = open_state(out, &fp, run.resume, loaded, || Ok(fresh_state(config, fresh, 0, &fp)))?;
+    run_steps(model, enc, users, teacher, config, out, run, state)
+}
+
+/// Where a worker's round starts: given parameters at a global step (the
+/// step fixes the users, dropout and learning rate, as in one long run).
+#[derive(Clone, Debug)]
+pub struct StartFrom {
+    /// The parameters (and configuration) to start from.
+    pub net: HyperNet,
+    /// Global steps already done by the population.
+    pub step: u64,
+}
+
+/// [`hypertrain`] from `start` instead of a fresh network. Resuming, the
+/// commit in `out` must be at `start.step`: it keeps its AdamW moments and
+/// takes `start`'s parameters, so one worker given back its own parameters
+/// every round runs exactly the uninterrupted single-process steps.
+#[allow(clippy::too_many_arguments)]
+pub fn hypertrain_from(
+    model: &DecoderGraph,
+    enc: &dyn Encoder,
+    users: &[UserRecord],
+    start: StartFrom,
+    teacher: Option<&Adapter>,
+    config: &HyperTrainConfig,
+    out: &Path,
+    run: HyperRun<'_>,
+) -> Result<HyperState> {
+    let fp = fingerprint(config, &start.net, users);
+    let params = start.net.params();
+    let loaded = HyperState::load(out, model)?;
+    let step = start.step;
+    let mut state = open_state(out, &fp, run.resume, loaded, || Ok(fresh_state(config, start.net, step, &fp)))?;
+    if state.step != step {
+        let msg = format!("is {step} but the commit in {} is at step {}", out.display(), state.step);
+        return Err(Error::invalid("--start-step", msg));
+    }
+    state.net.set_params(params)?;
+    run_steps(model, enc, users, teacher, config, out, run, state)
+}
+
+fn fresh_state(config: &HyperTrainConfig, net: HyperNet, step: u64, fp: &str) -> HyperState {
+    HyperState { adamw: AdamW::new(config.adamw, &net.params()), net, step, seed: config.seed, history: Vec::new(), fingerprint: fp.to_string() }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_steps(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, out: &Path, run: HyperRun<'_>, state: HyperState) -> Result<HyperState> {
     let recompute = vec![config.recompute; model.layer_count()];
     let learner = Learner { out, total: config.simcse_steps + config.e2e_steps, title: "hypernetwork training loss" };
     learner.run(state, run, |state| {
