@@ -761,7 +761,11 @@ fn tensor_info(c: &mut Cursor, name: String) -> Result<(TensorInfo, u64)> {
     let ggml_type = GgmlType::from_id(id)
         .ok_or_else(|| Error::format(c.what, format!("tensor {name}: unknown GGML type id {id}")))?;
     let offset = c.u64(&format_args!("offset of tensor {name}"))?;
-    let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    // Shapes are read reversed (outermost first), so every order of the
+    // dims must multiply without overflow: the nonzero dims' product bounds
+    // every partial product (dims [0, 2^40, 2^40] overflowed once reversed).
+    let nonzero = dims.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d));
+    let n = nonzero.and_then(|_| dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)));
     let len = n.filter(|n| dims[0] % ggml_type.block_len == 0 && *n % ggml_type.block_len == 0)
         .and_then(|n| (n / ggml_type.block_len).checked_mul(ggml_type.block_bytes))
         .ok_or_else(|| {
@@ -825,6 +829,24 @@ mod tests {
         let hf = Gguf::unpermute(&t, &gguf_rows, 2, "x").unwrap();
         assert_eq!(hf, vec![0, 2, 1, 3, 4, 6, 5, 7]);
         assert!(Gguf::unpermute(&t, &gguf_rows, 3, "x").is_err());
+    }
+
+    #[test]
+    fn dims_whose_product_overflows_in_any_order_are_refused() {
+        // fuzz/regressions/gguf_read/dims-overflow-reversed: [0, 2^40, 2^40]
+        // multiplies to 0 in file order but overflows as the HF shape.
+        use crate::model::gguf_writer::{GgufWriter, TensorOut};
+        let mut w = GgufWriter::default();
+        w.kv("general.architecture", Value::String("hexlora-test".into()));
+        w.tensor(TensorOut { name: "t".into(), ggml_type: 0, dims: vec![0, 1 << 40, 1 << 40], bytes: vec![] });
+        let err = Gguf::from_bytes(&w.to_bytes().unwrap(), "dims.gguf").err().expect("refused").to_string();
+        assert!(err.contains("dims.gguf") && err.contains("do not fit"), "{err}");
+        let crash = include_bytes!("../../../fuzz/regressions/gguf_read/dims-overflow-reversed");
+        if let Ok(g) = Gguf::from_bytes(crash, "crash.gguf") {
+            for name in g.names() {
+                let _ = g.get(&name).and_then(|raw| raw.to_f32());
+            }
+        }
     }
 
     #[test]
