@@ -16,6 +16,9 @@
 #   emulated host; the client code they test is the same on both CPUs and
 #   its protocol is in the library tests, which run here.
 # - npu_fastrpc: it loads the FastRPC stand-in, an x86 shared object.
+# - train_torture: 70 kill/resume and damaged-commit runs of the binary test
+#   commits and the file system, the same code on both CPUs; the kill -9
+#   resume test (train_resume) runs here.
 # - adapter_generate, eval_model_methods, serve_http, unless
 #   HEXLORA_AARCH64_SLOW=1: SmolLM2 generation end to end, 513 s, 605 s and
 #   over 600 s under qemu (qemu computes every float through softfloat, ~100x
@@ -31,8 +34,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1
 target=aarch64-unknown-linux-gnu
-left_out="npu_grad npu_transports personalize_job firmware_log npu_fastrpc"
-[[ ${HEXLORA_AARCH64_SLOW:-} == 1 ]] || left_out+=" adapter_generate eval_model_methods serve_http model_gemma3"
+left_out="npu_grad npu_transports personalize_job firmware_log npu_fastrpc train_torture"
+[[ ${HEXLORA_AARCH64_SLOW:-} == 1 ]] || left_out+=" adapter_generate eval_model_methods serve_http model_gemma3 eval_trained_methods hyper_worker"
 
 tests=(--lib)
 for f in host/tests/*.rs; do

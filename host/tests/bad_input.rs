@@ -264,20 +264,24 @@ fn model_configs_are_bounded_before_anything_is_allocated() {
     refused(&out, &["block_count"]);
 }
 
+/// Writes a NaN over element `element` of f32 tensor `name` in the
+/// safetensors file `path`.
+fn put_nan(path: &Path, name: &str, element: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert_eq!(header[name]["dtype"], "F32", "{name}");
+    let start = 8 + header_len + header[name]["data_offsets"][0].as_u64().unwrap() as usize + 4 * element;
+    bytes[start..start + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
 #[test]
 fn a_nan_in_the_weights_is_named_when_the_loss_is_not_finite() {
     let dir = tempfile::tempdir().unwrap();
     let model = edited_copy(&llama().join("model"), "config.json", dir.path(), |_| {});
-    // One NaN in an f32 weight of the safetensors file.
-    let path = model.join("model.safetensors");
-    let mut bytes = std::fs::read(&path).unwrap();
-    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
     let name = "model.layers.1.mlp.down_proj.weight";
-    assert_eq!(header[name]["dtype"], "F32");
-    let start = 8 + header_len + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
-    bytes[start + 12..start + 16].copy_from_slice(&f32::NAN.to_le_bytes());
-    std::fs::write(&path, bytes).unwrap();
+    put_nan(&model.join("model.safetensors"), name, 3);
     let data = token_data(dir.path());
     let out = run(train_on(&model, &data, &dir.path().join("run")).args(["--steps", "1"]));
     refused(&out, &[name, "element 3", "non-finite"]);
@@ -285,6 +289,12 @@ fn a_nan_in_the_weights_is_named_when_the_loss_is_not_finite() {
     personalize.arg("personalize").arg("--model").arg(&model).arg("--data").arg(&data).arg("--out").arg(dir.path().join("nightly"));
     personalize.args(["--device", "cpu", "--no-plan-cache", "--quiet", "--rank", "2", "--steps", "1"]);
     refused(&run(&mut personalize), &[name, "element 3", "non-finite"]);
+    // generate: the logits turn non-finite, and the weight is named.
+    let gen_model = edited_copy(&eval_model(), "config.json", &dir.path().join("gen"), |_| {});
+    let name = "model.layers.0.mlp.down_proj.weight";
+    put_nan(&gen_model.join("model.safetensors"), name, 3);
+    let out = run(support::hexlora().arg("generate").arg("--model").arg(&gen_model).args(["--prompt", "hi", "--max-tokens", "4"]));
+    refused(&out, &[name, "element 3", "logits"]);
 }
 
 #[test]
@@ -303,4 +313,64 @@ fn eval_keeps_its_result_files_unless_forced() {
     assert_eq!(std::fs::read_to_string(&result).unwrap(), "mine");
     assert!(eval(&["--force"]).status.success());
     refused(&eval(&["--temperature=nan"]), &["--temperature"]);
+}
+
+#[test]
+fn a_nan_in_an_adapter_is_named_when_it_is_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = edited_copy(&llama().join("adapter"), "adapter_config.json", dir.path(), |_| {});
+    let name = "base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight";
+    put_nan(&adapter.join("adapter_model.safetensors"), name, 5);
+    let mut cmd = support::hexlora();
+    cmd.arg("grad").arg("--model").arg(llama().join("model")).arg("--adapter").arg(&adapter);
+    cmd.arg("--batch").arg(llama().join("batch.json")).arg("--out").arg(dir.path().join("g.safetensors"));
+    refused(&run(&mut cmd), &["adapter_model.safetensors", name, "element 5"]);
+    let mut init = train(&token_data(dir.path()), &dir.path().join("run"));
+    refused(&run(init.args(["--steps", "1", "--init-adapter"]).arg(&adapter)), &["--init-adapter", name, "element 5"]);
+}
+
+/// XORs byte `at` of `path` with `x`.
+fn flip(path: &Path, at: usize, x: u8) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= x;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Byte offset of the first `needle` in `path`.
+fn find(path: &Path, needle: &str) -> usize {
+    let bytes = std::fs::read(path).unwrap();
+    bytes.windows(needle.len()).position(|w| w == needle.as_bytes()).unwrap_or_else(|| panic!("{needle} not in {}", path.display()))
+}
+
+#[test]
+fn a_damaged_commit_is_never_trained_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = token_data(dir.path());
+    let ok = |out: &Output| assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // One commit only: a flipped byte in its last tensor is refused, naming it.
+    let one = dir.path().join("one");
+    ok(&run(train(&data, &one).args(["--steps", "1"])));
+    let commit = one.join("commit.safetensors");
+    flip(&commit, std::fs::metadata(&commit).unwrap().len() as usize - 1, 0x10);
+    refused(&run(train(&data, &one).args(["--steps", "1", "--resume"])), &["commit.safetensors", "tensor adapter/", "checksum", "no previous commit"]);
+    // Two commits kept: the run resumes from the previous one, says so, and
+    // ends with the same adapter as the run before the damage.
+    let two = dir.path().join("two");
+    ok(&run(train(&data, &two).args(["--steps", "3"])));
+    let adapter = std::fs::read(two.join("adapter/adapter_model.safetensors")).unwrap();
+    let commit = two.join("commit.safetensors");
+    flip(&commit, find(&commit, "adam_v/") + 3, 0x01);
+    let out = run(train(&data, &two).args(["--steps", "3", "--resume"]));
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("WARNING") && stderr.contains("commit.prev.safetensors") && stderr.contains("commit.corrupt.safetensors"), "{stderr}");
+    assert_eq!(std::fs::read(two.join("adapter/adapter_model.safetensors")).unwrap(), adapter);
+    // A step counter that says 9 of the run's 6 (no previous commit to fall
+    // back to): the header field is named.
+    let six = dir.path().join("six");
+    ok(&run(train(&data, &six).args(["--steps", "6"])));
+    std::fs::remove_file(six.join("commit.prev.safetensors")).unwrap();
+    let commit = six.join("commit.safetensors");
+    flip(&commit, find(&commit, r#"\"adamw_step\":6"#) + 15, b'6' ^ b'9');
+    refused(&run(train(&data, &six).args(["--steps", "6", "--resume"])), &["commit.safetensors", "header field hexlora_train_state", "checksum"]);
 }

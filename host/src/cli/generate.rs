@@ -81,7 +81,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = write!(stdout, "{piece}");
         let _ = stdout.flush();
         true
-    })?;
+    })
+    .map_err(|e| super::train::explain_non_finite(e.into(), &args.model))?;
     println!();
     // The first generated token comes out of the prefill; the rest are decoding steps.
     let steps = answer.completion_tokens.saturating_sub(1);

@@ -20,7 +20,8 @@ const DEFAULTS: OptimDefaults = OptimDefaults { weight_decay: 0.01, head_chunk: 
 pub struct Args {
     #[command(flatten)]
     training: TrainingArgs,
-    /// Run directory (a rerun resumes from its last commit).
+    /// Run directory (a rerun resumes from its last commit, or from the one
+    /// before it, with a warning, when the last fails its checksums).
     #[arg(long, default_value = "runs/personalize")]
     out: PathBuf,
     /// Overwrite outputs in --out that no commit owns (an adapter, metrics

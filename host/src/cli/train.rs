@@ -35,7 +35,9 @@ pub struct Args {
     /// and after training.
     #[arg(long)]
     eval_data: Option<PathBuf>,
-    /// Continue the run committed in --out.
+    /// Continue the run committed in --out. A commit that fails its
+    /// checksums is never trained on: the run resumes from the previous
+    /// commit (kept beside it) with a warning, or refuses when there is none.
     #[arg(long)]
     resume: bool,
     /// Start from this adapter (PEFT directory or llama.cpp `.gguf`)
@@ -138,7 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(init) = &o.init {
-        if args.out.join(crate::train::commit::COMMIT_FILE).exists() {
+        if crate::train::commit::has_commit(&args.out) {
             anyhow::bail!("{} already holds a run: --resume it, or give --init-adapter a new --out", args.out.display());
         }
         std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;

@@ -139,7 +139,9 @@ fn decode(g: &Gguf, name: &str, what: &str) -> Result<Tensor> {
         .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0))
         .ok_or_else(|| Error::Unsupported(format!("{what}: {name} has type {} (LoRA factors: F32, F16, BF16, Q8_0)", info.ggml_type.name)))?;
     let raw = RawTensor { name: format!("{what}: {name}"), dtype, shape: vec![info.dims[1], info.dims[0]], bytes };
-    raw.to_tensor()
+    let t = raw.to_tensor()?;
+    super::tensor_file::check_finite(name, &t, what)?;
+    Ok(t)
 }
 
 /// Reads a llama.cpp LoRA GGUF for a base model of shape `cfg`.

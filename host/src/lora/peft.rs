@@ -99,6 +99,9 @@ impl Adapter {
     /// PEFT may write keys with an adapter name (`lora_A.default.weight`);
     /// both forms are accepted.
     pub fn from_tensor_file(config: LoraConfig, file: &TensorFile, what: &str) -> Result<Adapter> {
+        for (key, t) in &file.tensors {
+            super::tensor_file::check_finite(key, t, what)?;
+        }
         let mut modules = Vec::new();
         for (key, a) in &file.tensors {
             let Some(name) = key.strip_prefix("base_model.model.").and_then(|k| {

@@ -55,6 +55,16 @@ impl TensorFile {
     }
 }
 
+/// An error naming tensor `name` of file `what` and its first NaN or
+/// infinity, if it holds one: a factor that is not finite would poison
+/// every output it touches, far from its cause.
+pub fn check_finite(name: &str, t: &Tensor, what: &str) -> Result<()> {
+    match t.data.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::NonFinite(format!("{what}: tensor {name}, element {i} is {}", t.data[i]))),
+        None => Ok(()),
+    }
+}
+
 /// An f32 tensor lent to the safetensors writer, which reads its bytes in
 /// place on little-endian hosts.
 struct F32View<'a>(&'a Tensor);

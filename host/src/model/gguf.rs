@@ -277,6 +277,16 @@ impl Gguf {
         Self::from_parts(what, map, parsed)
     }
 
+    /// Parses a GGUF file held in memory (fuzzing, generated files); `what`
+    /// names it in errors. The bytes are copied into an anonymous mapping.
+    pub fn from_bytes(bytes: &[u8], what: &str) -> Result<Self> {
+        let parsed = parse(bytes, what)?;
+        let mut map = memmap2::MmapMut::map_anon(bytes.len()).map_err(|e| Error::format(what, format!("anonymous mapping: {e}")))?;
+        map.copy_from_slice(bytes);
+        let map = map.make_read_only().map_err(|e| Error::format(what, format!("anonymous mapping: {e}")))?;
+        Self::from_parts(what.to_string(), map, parsed)
+    }
+
     fn from_parts(what: String, map: Mmap, parsed: Parsed) -> Result<Self> {
         let mut this = Gguf {
             what,
@@ -460,10 +470,10 @@ impl Gguf {
     /// stores, per head, rows interleaved as (i, half) where HF has (half, i).
     fn unpermute(t: &TensorInfo, bytes: &[u8], n_head: usize, what: &str) -> Result<Vec<u8>> {
         let rows = t.dims.get(1).copied().unwrap_or(1);
-        if t.dims.len() != 2 || n_head == 0 || rows % (2 * n_head) != 0 {
+        if t.dims.len() != 2 || n_head == 0 || rows % (2 * n_head) != 0 || bytes.is_empty() {
             return Err(Error::format(
                 what,
-                format!("{}: {rows} rows cannot be split into {n_head} rotary heads", t.name),
+                format!("{}: {rows} rows of {} bytes cannot be split into {n_head} rotary heads", t.name, bytes.len() / rows.max(1)),
             ));
         }
         let row_bytes = bytes.len() / rows;
@@ -777,7 +787,11 @@ fn tensor_info(c: &mut Cursor, name: String) -> Result<(TensorInfo, u64)> {
     let ggml_type = GgmlType::from_id(id)
         .ok_or_else(|| Error::format(c.what, format!("tensor {name}: unknown GGML type id {id}")))?;
     let offset = c.u64(&format_args!("offset of tensor {name}"))?;
-    let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    // Shapes are read reversed (outermost first), so every order of the
+    // dims must multiply without overflow: the nonzero dims' product bounds
+    // every partial product (dims [0, 2^40, 2^40] overflowed once reversed).
+    let nonzero = dims.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d));
+    let n = nonzero.and_then(|_| dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)));
     let len = n.filter(|n| dims[0] % ggml_type.block_len == 0 && *n % ggml_type.block_len == 0)
         .and_then(|n| (n / ggml_type.block_len).checked_mul(ggml_type.block_bytes))
         .ok_or_else(|| {
@@ -846,5 +860,35 @@ mod tests {
         let hf = Gguf::unpermute(&t, &gguf_rows, 2, "x").unwrap();
         assert_eq!(hf, vec![0, 2, 1, 3, 4, 6, 5, 7]);
         assert!(Gguf::unpermute(&t, &gguf_rows, 3, "x").is_err());
+    }
+
+    #[test]
+    fn dims_whose_product_overflows_in_any_order_are_refused() {
+        // fuzz/regressions/gguf_read/dims-overflow-reversed: [0, 2^40, 2^40]
+        // multiplies to 0 in file order but overflows as the HF shape.
+        use crate::model::gguf_writer::{GgufWriter, TensorOut};
+        let mut w = GgufWriter::default();
+        w.kv("general.architecture", Value::String("hexlora-test".into()));
+        w.tensor(TensorOut { name: "t".into(), ggml_type: 0, dims: vec![0, 1 << 40, 1 << 40], bytes: vec![] });
+        let err = Gguf::from_bytes(&w.to_bytes().unwrap(), "dims.gguf").err().expect("refused").to_string();
+        assert!(err.contains("dims.gguf") && err.contains("do not fit"), "{err}");
+        let crash = include_bytes!("../../../fuzz/regressions/gguf_read/dims-overflow-reversed");
+        if let Ok(g) = Gguf::from_bytes(crash, "crash.gguf") {
+            for name in g.names() {
+                let _ = g.get(&name).and_then(|raw| raw.to_f32());
+            }
+        }
+    }
+
+    #[test]
+    fn a_q_weight_without_columns_is_an_error_not_a_panic() {
+        // Rows but no bytes: a row length of 0 must not reach chunks_exact.
+        use crate::model::gguf_writer::{GgufWriter, TensorOut};
+        let mut w = GgufWriter::default();
+        w.kv("general.architecture", Value::String("llama".into())).kv("llama.attention.head_count", Value::U32(2));
+        w.tensor(TensorOut { name: "blk.0.attn_q.weight".into(), ggml_type: 0, dims: vec![0, 8], bytes: vec![] });
+        let g = Gguf::from_bytes(&w.to_bytes().unwrap(), "empty-rows.gguf").unwrap();
+        let err = g.get("model.layers.0.self_attn.q_proj.weight").unwrap_err().to_string();
+        assert!(err.contains("empty-rows.gguf") && err.contains("attn_q"), "{err}");
     }
 }

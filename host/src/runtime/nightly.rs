@@ -97,7 +97,7 @@ impl NightlyJob {
         split.routes.write(&self.out)?;
         let mut config = self.train.clone();
         config.schedule.total = self.steps.unwrap_or(epoch_steps(data.len(), config.grad_accum));
-        let resume = TrainState::load(&self.out)?.is_some();
+        let resume = crate::train::commit::has_commit(&self.out);
         Ok(Prepared { side, split, data, skipped, config, resume, cache_hits: cache.hits(), job: self })
     }
 }

@@ -139,10 +139,15 @@ fn encode_line(line: Line, enc: Option<&dyn Encoder>, what: &str) -> Result<(Vec
 /// must fit its positions; errors name the file, line and field.
 pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize, bounds: Bounds) -> Result<(Vec<Batch>, usize)> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    parse_jsonl(&text, &path.display().to_string(), enc, max_len, bounds)
+}
+
+/// [`load_jsonl`] of text already read; `name` names the file in errors.
+pub fn parse_jsonl(text: &str, name: &str, enc: Option<&dyn Encoder>, max_len: usize, bounds: Bounds) -> Result<(Vec<Batch>, usize)> {
     let mut out = Vec::new();
     let mut skipped = 0;
     for (i, raw) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let what = format!("{}:{}", path.display(), i + 1);
+        let what = format!("{name}:{}", i + 1);
         let line = parse_line(raw, &what)?;
         let (mut ids, mut labels) = encode_line(line, enc, &what)?;
         let vocab = bounds.vocab_size as i64;
@@ -166,7 +171,7 @@ pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize, bounds
         out.push(Batch { input_ids: vec![ids], labels: vec![labels] });
     }
     if out.is_empty() {
-        return Err(Error::invalid(path.display().to_string(), "no usable training examples"));
+        return Err(Error::invalid(name, "no usable training examples"));
     }
     Ok((out, skipped))
 }

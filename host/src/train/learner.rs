@@ -125,7 +125,7 @@ pub fn open_state<S: Checkpointed>(out: &Path, fp: &str, resume: bool, loaded: O
             }
             Ok(s)
         }
-        Some(_) => Err(Error::invalid(out.display().to_string(), "holds a run's commit; pass --resume to continue it or choose another --out")),
+        Some(_) => Err(Error::invalid(out.display().to_string(), format!("holds a run's commit ({}); pass --resume to continue it or choose another --out", super::commit::COMMIT_FILE))),
         None => fresh(),
     }
 }
@@ -140,7 +140,7 @@ pub const ADAPTER_RUN_OUTPUTS: &[&str] = &["adapter", "metrics.jsonl", "loss.svg
 /// them; a directory with a commit is left to [`open_state`] (resume or
 /// refuse). Creates `out` and checks that a file can be written in it.
 pub fn claim_out_dir(out: &Path, outputs: &[&str], force: bool) -> Result<()> {
-    let committed = out.join(super::commit::COMMIT_FILE).exists();
+    let committed = super::commit::has_commit(out);
     let found: Vec<&str> = outputs.iter().copied().filter(|o| out.join(o).exists()).collect();
     if !committed && !force && !found.is_empty() {
         let msg = format!("holds {}, which this run would overwrite and no run's commit owns; pass --force to overwrite, or choose another --out", found.join(", "));
@@ -167,6 +167,7 @@ impl Learner<'_> {
     /// committing and writing `metrics.jsonl` after each; at `total`,
     /// [`Checkpointed::save_final`] and `loss.svg`.
     pub fn run<S: Checkpointed>(&self, mut state: S, mut run: RunOptions<'_, S>, mut step: impl FnMut(&mut S) -> Result<S::Record>) -> Result<S> {
+        self.check_counters(&state)?;
         std::fs::create_dir_all(self.out).map_err(|e| Error::io(self.out, e))?;
         let bar = run.progress.then(|| progress_bar(self.total, state.step()));
         let mut done_here = 0;
@@ -195,6 +196,22 @@ impl Learner<'_> {
             bar.finish();
         }
         Ok(state)
+    }
+
+    /// A resumed state must be a point of this run: no more steps than
+    /// `total` (a commit saying 9 of 6 would end the run on step-2
+    /// weights) and one record per step. Checksums catch damage; this
+    /// catches a commit written consistently with wrong counters.
+    fn check_counters<S: Checkpointed>(&self, state: &S) -> Result<()> {
+        let what = || self.out.join(super::commit::COMMIT_FILE).display().to_string();
+        let (step, records) = (state.step(), state.history().len() as u64);
+        if step > self.total {
+            return Err(Error::format(what(), format!("its step counter says {step} steps done, but the run has {} steps", self.total)));
+        }
+        if records != step {
+            return Err(Error::format(what(), format!("it holds {records} step records, but its step counter says {step}")));
+        }
+        Ok(())
     }
 }
 

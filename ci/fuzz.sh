@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target of fuzz/ for SECONDS each (default 60): over
+# its kept regression inputs first (fuzz/regressions/TARGET: past findings,
+# fixed), then fuzzing from a corpus seeded from the test fixtures
+# (fuzz/corpus/TARGET, kept between runs, not committed). Prints each
+# target's executions, coverage, crashes and hangs, and exits non-zero if
+# any target found one (the input is in fuzz/artifacts/TARGET).
+#
+#   bash ci/fuzz.sh [SECONDS] [TARGET...]
+#
+# Installs cargo-fuzz when missing. cargo-fuzz passes nightly flags
+# (-Zsanitizer=address); RUSTC_BOOTSTRAP=1 lets the stable toolchain take
+# them. Not part of ci/test.sh: building the host crate under the address
+# sanitizer alone takes minutes (docs/STATUS.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(decode_message skel_invoke gguf_read hf_dir peft_adapter training_jsonl)
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+export RUSTC_BOOTSTRAP=1
+fx=host/tests/fixtures
+
+# pair CONFIG WEIGHTS OUT: the u16 LE length of CONFIG, CONFIG, WEIGHTS
+# (the input form of hf_dir and peft_adapter).
+pair() {
+    local n
+    n=$(stat -c %s "$1")
+    { printf "\\x$(printf %02x $((n & 255)))\\x$(printf %02x $((n >> 8)))"; cat "$1" "$2"; } >"$3"
+}
+
+seed() {
+    local c=fuzz/corpus
+    mkdir -p "$c"/{decode_message,skel_invoke,gguf_read,hf_dir,peft_adapter,training_jsonl}
+    cp $fx/gguf/quant.gguf $fx/models/llama3-rope-freqs/rope.gguf "$c/gguf_read/"
+    for m in training/llama/model training/qwen3/model training/qwen35/model hyper/model; do
+        pair $fx/$m/config.json $fx/$m/model.safetensors "$c/hf_dir/${m//\//_}"
+    done
+    for a in training/llama/adapter training/qwen3/adapter hyper/common; do
+        pair $fx/$a/adapter_config.json $fx/$a/adapter_model.safetensors "$c/peft_adapter/${a//\//_}"
+    done
+    { printf '\x40'; head -n 4 $fx/training/sotu_train.jsonl; } >"$c/training_jsonl/pairs"
+    printf '\x10{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n' >"$c/training_jsonl/chat"
+    printf '\x08{"input_ids": [1, 5, 9, 17], "labels": [-100, 5, 9, 17]}\n{"input_ids": [3, 4]}\n' >"$c/training_jsonl/ids"
+}
+seed
+
+echo "== building the fuzz targets (address sanitizer)"
+(cd fuzz && cargo fuzz build)
+
+failed=()
+for t in "${targets[@]}"; do
+    echo "== $t: ${secs} s"
+    mkdir -p "fuzz/regressions/$t"
+    log="fuzz/artifacts/$t.log"
+    mkdir -p fuzz/artifacts
+    rc=0
+    # -timeout: an input running 10 s is a hang; the regression inputs run first.
+    (cd fuzz && cargo fuzz run "$t" "corpus/$t" "regressions/$t" -- \
+        -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1) >"$log" 2>&1 || rc=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
+    crashes=$(grep -c '^==[0-9]*==ERROR\|panicked at\|deadly signal' "$log" || true)
+    hangs=$(grep -c 'ERROR: libFuzzer: timeout' "$log" || true)
+    echo "$t: executions ${execs:-?}, coverage ${cov:-?}, crashes $crashes, hangs $hangs, exit $rc (log: $log)"
+    if [ "$rc" -ne 0 ]; then
+        failed+=("$t")
+        grep -m 5 'panicked at\|ERROR\|Test unit written' "$log" || true
+    fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "fuzz findings in: ${failed[*]}"
+    exit 1
+fi
+echo "fuzz: ${#targets[@]} targets, no findings"
