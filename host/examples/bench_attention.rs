@@ -26,7 +26,7 @@ fn main() {
     let reps = 50;
     for products in [Products::F32, Products::Bf16] {
         let new_f = best_ms(reps, || attention_forward_with(products, &mut out, &mut lse, &q, &k, &v, d, scale));
-        let new_b = best_ms(reps, || attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale }));
+        let new_b = best_ms(reps, || attention_backward_with(products, (&mut dq, &mut dk, &mut dv), BackwardInputs { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse, d, scale, window: None }));
         println!("attention ({products:?}) 256 tok  fwd {new_f:.3} ms  bwd {new_b:.3} ms");
         println!("  x30 layers fwd+bwd: {:.1} ms", 30.0 * (new_f + new_b));
     }
