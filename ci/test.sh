@@ -32,6 +32,9 @@ HEXLORA_MATVEC=avx2 cargo test -q -p hexlora --test model_smollm2
 echo "== GGUF LoRA adapters in llama.cpp (xllamacpp in a venv of its own)"
 bash ci/llama-cpp-adapter.sh
 
+echo "== stage 1 federated on Flower, on loopback (Flower in a venv of its own)"
+bash ci/federated-test.sh
+
 echo "== firmware self-test binary, native (the same registry the simulator runs)"
 cargo run -q -p hexlora-dsp --bin selftest | tail -n 1
 
