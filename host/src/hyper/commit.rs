@@ -129,6 +129,9 @@ impl crate::train::learner::Checkpointed for HyperState {
     fn history(&self) -> &[HyperRecord] {
         &self.history
     }
+    fn records_may_start_late(&self) -> bool {
+        true
+    }
     fn push(&mut self, record: HyperRecord) {
         self.history.push(record);
     }

@@ -27,6 +27,12 @@ pub trait Checkpointed: Sized {
     fn step(&self) -> u64;
     /// Every step's record so far (the commit holds them too).
     fn history(&self) -> &[Self::Record];
+    /// Whether the records may begin after step 0: a federated
+    /// hypernetwork worker starts at the global step it is given and
+    /// records only the steps it ran. Every other run records each step.
+    fn records_may_start_late(&self) -> bool {
+        false
+    }
     /// Appends a finished step's record.
     fn push(&mut self, record: Self::Record);
     /// Identifies the configuration and data the run was started with.
@@ -200,15 +206,16 @@ impl Learner<'_> {
 
     /// A resumed state must be a point of this run: no more steps than
     /// `total` (a commit saying 9 of 6 would end the run on step-2
-    /// weights) and one record per step. Checksums catch damage; this
-    /// catches a commit written consistently with wrong counters.
+    /// weights) and one record per step (at most one, for a state whose
+    /// records may start late). Checksums catch damage; this catches a
+    /// commit written consistently with wrong counters.
     fn check_counters<S: Checkpointed>(&self, state: &S) -> Result<()> {
         let what = || self.out.join(super::commit::COMMIT_FILE).display().to_string();
         let (step, records) = (state.step(), state.history().len() as u64);
         if step > self.total {
             return Err(Error::format(what(), format!("its step counter says {step} steps done, but the run has {} steps", self.total)));
         }
-        if records != step {
+        if records > step || (records < step && !state.records_may_start_late()) {
             return Err(Error::format(what(), format!("it holds {records} step records, but its step counter says {step}")));
         }
         Ok(())
