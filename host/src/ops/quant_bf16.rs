@@ -37,11 +37,8 @@ pub fn decodes(dtype: DType) -> bool {
 
 /// Bytes of one 32-value block of `dtype` (Q4_0 or Q4_1).
 fn block_bytes(dtype: DType) -> usize {
-    match dtype {
-        DType::Q4_0 => 18,
-        DType::Q4_1 => 20,
-        other => panic!("quant_bf16 decodes Q4_0 and Q4_1, not {other:?}"),
-    }
+    assert!(matches!(dtype, DType::Q4_0 | DType::Q4_1), "quant_bf16 decodes Q4_0 and Q4_1, not {dtype:?}");
+    dtype.bytes_for(32).expect("one whole block")
 }
 
 /// Decodes `bytes` (whole rows of `cols` values of `dtype`) into `out`,

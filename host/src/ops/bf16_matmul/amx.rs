@@ -48,7 +48,10 @@ impl Source<'_> {
     fn bytes_of(self, n: usize) -> usize {
         match self {
             Source::Bits(_) => 2 * n,
-            Source::Q4 { q4_1, .. } => n / TK * if q4_1 { 20 } else { 18 },
+            Source::Q4 { q4_1, .. } => {
+                let dtype = if q4_1 { crate::model::source::DType::Q4_1 } else { crate::model::source::DType::Q4_0 };
+                n / TK * dtype.bytes_for(TK).expect("one block")
+            }
         }
     }
 
