@@ -109,6 +109,30 @@ fn user_lora_through_the_split_runtime_moves_the_adapter_as_the_f32_run_does() {
     assert!(norm(&gap) < 0.1 * norm(&f32_run), "the split run's update strays from the f32 run's");
 }
 
+/// `hexlora eval --train-split none --common-adapter DIR`: the harness
+/// skips `prepare_population` (no train split), and the per-user run must
+/// still start from the given adapter, exactly as when the split is there.
+#[test]
+fn a_given_common_adapter_needs_no_train_split() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper/eval-model");
+    let model = Arc::new(EvalModel::open(&dir).unwrap());
+    let labels = vec!["art".to_string(), "law".to_string()];
+    let split = Split { spec: TaskSpec::for_task("quotes-tag", Some(labels)).unwrap(), users: vec![user()] };
+    let mut trained = Vec::new();
+    for with_split in [true, false] {
+        let work = tempfile::tempdir().unwrap();
+        let common_dir = work.path().join("common");
+        common(&model).save(&common_dir).unwrap();
+        let mut m = model_methods::by_name("user-lora-f32", model.clone(), cfg(work.path(), Some(common_dir))).unwrap();
+        if with_split {
+            m.prepare_population(&split).unwrap();
+        }
+        m.prepare_user(&split.spec, &split.users[0]).unwrap();
+        trained.push(Adapter::load(&work.path().join("runs/user-lora-f32/ann/adapter")).unwrap());
+    }
+    assert_eq!(delta(&trained[0], &trained[1]).iter().map(|d| d.abs()).fold(0.0, f64::max), 0.0);
+}
+
 #[test]
 fn metaicl_lora_without_icl_items_is_common_lora_and_with_them_is_not() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper/eval-model");

@@ -139,6 +139,11 @@ fn hypertrain_reads_a_bench_split_and_logs_held_out_loss() {
     let (common_loss, untrained) = (lines[0]["common_lora"].as_f64().unwrap(), lines[1]["hypernet"].as_f64().unwrap());
     assert!((common_loss - untrained).abs() < 1e-6, "{common_loss} vs {untrained}");
     assert!(lines[4]["hypernet"].as_f64().unwrap().is_finite());
+    // hypernet-best/ holds the step of the lowest held-out loss (the first of equals).
+    let best = lines[1..].iter().min_by(|a, b| a["hypernet"].as_f64().unwrap().total_cmp(&b["hypernet"].as_f64().unwrap())).unwrap();
+    let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("hypernet-best/best.json")).unwrap()).unwrap();
+    assert_eq!((kept["step"].as_u64(), kept["heldout_loss"].as_f64()), (best["step"].as_u64(), best["hypernet"].as_f64()));
+    assert!(out.join("hypernet-best/hypernet.safetensors").exists() && out.join("hypernet-best/hypernet.json").exists());
     // The same directory again without --resume is refused, not overwritten.
     let again = support::hexlora().args(["hypertrain", "--model"]).arg(&model).arg("--bench").arg(fixtures().join("lamp/mail-subject")).arg("--out").arg(&out).arg("--quiet").output().unwrap();
     assert!(!again.status.success());

@@ -250,7 +250,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(crate::Error::invalid("--steps", "0 with --simcse-steps 0: nothing to train").into());
     }
     let (users, dev) = users_of(&args)?;
-    claim_out_dir(&args.out, &["hypernet", "metrics.jsonl", "loss.svg", "heldout.jsonl", "worker.json"], args.force)?;
+    claim_out_dir(&args.out, &["hypernet", BEST_DIR, "metrics.jsonl", "loss.svg", "heldout.jsonl", "worker.json"], args.force)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let positions = ckpt.config.max_position_embeddings;
     for (flag, v) in [("--max-len", args.max_len), ("--context-tokens", args.context_tokens)] {
@@ -332,10 +332,14 @@ fn bench_users(dir: &Path, split: &str, max_prompt_chars: usize) -> anyhow::Resu
     Ok(users)
 }
 
-/// Held-out users' loss during training, appended to `heldout.jsonl`.
+/// Held-out users' loss during training, appended to `heldout.jsonl`; the
+/// network of the lowest loss so far is kept in `hypernet-best/` (with
+/// `best.json`: its step and loss), the checkpoint chosen on the dev users.
 struct HeldOut {
     set: HeldOutSet,
     path: PathBuf,
+    best_dir: PathBuf,
+    best: std::cell::Cell<Option<f64>>,
 }
 
 impl HeldOut {
@@ -345,7 +349,9 @@ impl HeldOut {
     fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, resume: bool, step: u64) -> anyhow::Result<Self> {
         let set = HeldOutSet::new(text, fresh, dev, crate::autograd::counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
         std::fs::create_dir_all(out)?;
-        let h = HeldOut { set, path: out.join("heldout.jsonl") };
+        let best_dir = out.join(BEST_DIR);
+        let best = if resume { best_so_far(&best_dir)? } else { None };
+        let h = HeldOut { set, path: out.join("heldout.jsonl"), best_dir, best: std::cell::Cell::new(best) };
         if !resume {
             let common_loss = common.map(|c| h.set.adapter_loss(model, c)).transpose()?;
             let line = serde_json::json!({"common_lora": common_loss, "users": h.set.users.len(), "tokens": h.set.tokens()});
@@ -358,11 +364,47 @@ impl HeldOut {
     fn record(&self, model: &DecoderGraph, net: &HyperNet, step: u64) -> crate::Result<()> {
         use std::io::Write;
         let loss = self.set.hypernet_loss(model, net)?;
+        if self.best.get().is_none_or(|b| loss < b) {
+            keep_best(net, &self.best_dir, step, loss)?;
+            self.best.set(Some(loss));
+        }
         let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| crate::Error::io(&self.path, e))?;
         writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| crate::Error::io(&self.path, e))?;
         eprintln!("held-out loss at step {step}: {loss:.4}");
         Ok(())
     }
+}
+
+/// Where the dev-chosen network is kept, beside `hypernet/` (the last step's).
+const BEST_DIR: &str = "hypernet-best";
+
+/// Replaces `best_dir` with `net` at `step`: written whole into a sibling
+/// directory first, so a crash leaves the previous best or the new one.
+fn keep_best(net: &HyperNet, best_dir: &Path, step: u64, loss: f64) -> crate::Result<()> {
+    let tmp = best_dir.with_extension("tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| crate::Error::io(&tmp, e))?;
+    }
+    net.save(&tmp)?;
+    let json = serde_json::json!({"step": step, "heldout_loss": loss});
+    crate::train::atomic_write::write_atomic(&tmp.join("best.json"), format!("{json}\n").as_bytes())?;
+    if best_dir.exists() {
+        std::fs::remove_dir_all(best_dir).map_err(|e| crate::Error::io(best_dir, e))?;
+    }
+    std::fs::rename(&tmp, best_dir).map_err(|e| crate::Error::io(best_dir, e))
+}
+
+/// The held-out loss of the kept best network on resume (a crash between
+/// the two steps of [`keep_best`] leaves it complete in the sibling).
+fn best_so_far(best_dir: &Path) -> crate::Result<Option<f64>> {
+    let tmp = best_dir.with_extension("tmp");
+    if !best_dir.exists() && tmp.join("best.json").exists() {
+        std::fs::rename(&tmp, best_dir).map_err(|e| crate::Error::io(best_dir, e))?;
+    }
+    let path = best_dir.join("best.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| crate::Error::invalid(path.display().to_string(), e.to_string()))?;
+    Ok(v["heldout_loss"].as_f64())
 }
 
 #[cfg(test)]

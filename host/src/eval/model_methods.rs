@@ -382,6 +382,16 @@ impl ModelMethod {
         Ok(())
     }
 
+    /// Loads `--common-adapter` once, if given: whether the common LoRA is
+    /// that file (true) or still to be trained (false).
+    fn load_given_common(&mut self) -> Result<bool> {
+        let Some(dir) = &self.cfg.common_adapter else { return Ok(false) };
+        if self.common.is_none() {
+            self.common = Some(Adapter::load(dir)?);
+        }
+        Ok(true)
+    }
+
     fn common_adapter(&self) -> Result<&Adapter> {
         self.common.as_ref().ok_or_else(|| Error::invalid(self.name(), "needs the common LoRA: give the train split or --common-adapter"))
     }
@@ -465,8 +475,7 @@ impl Method for ModelMethod {
         if matches!(self.kind, MethodKind::Base | MethodKind::Icl) {
             return Ok(());
         }
-        if let Some(dir) = &self.cfg.common_adapter {
-            self.common = Some(Adapter::load(dir)?);
+        if self.load_given_common()? {
             return Ok(());
         }
         // Profile items and answered questions of the train users.
@@ -501,6 +510,10 @@ impl Method for ModelMethod {
     fn prepare_user(&mut self, spec: &TaskSpec, user: &User) -> Result<UserPrep> {
         self.user = None;
         self.scored.clear();
+        if !matches!(self.kind, MethodKind::Base | MethodKind::Icl) {
+            // without a train split (`--train-split none`) nothing was prepared
+            self.load_given_common()?;
+        }
         if !matches!(self.kind, MethodKind::UserLora | MethodKind::UserLoraF32 | MethodKind::Mezo) {
             return Ok(UserPrep::default());
         }
