@@ -382,14 +382,14 @@ impl ModelMethod {
         Ok(())
     }
 
-    /// Loads `--common-adapter` once, if given: whether the common LoRA is
-    /// that file (true) or still to be trained (false).
-    fn load_given_common(&mut self) -> Result<bool> {
-        let Some(dir) = &self.cfg.common_adapter else { return Ok(false) };
-        if self.common.is_none() {
+    /// Loads `--common-adapter`, if given, the first time a user needs it:
+    /// the one place it is read, since `prepare_population` does not run
+    /// without a train split (`--train-split none`).
+    fn load_given_common(&mut self) -> Result<()> {
+        if let (Some(dir), None) = (&self.cfg.common_adapter, &self.common) {
             self.common = Some(Adapter::load(dir)?);
         }
-        Ok(true)
+        Ok(())
     }
 
     fn common_adapter(&self) -> Result<&Adapter> {
@@ -475,7 +475,8 @@ impl Method for ModelMethod {
         if matches!(self.kind, MethodKind::Base | MethodKind::Icl) {
             return Ok(());
         }
-        if self.load_given_common()? {
+        if self.cfg.common_adapter.is_some() {
+            // given, not trained: prepare_user loads it (with or without a train split)
             return Ok(());
         }
         // Profile items and answered questions of the train users.
@@ -511,7 +512,6 @@ impl Method for ModelMethod {
         self.user = None;
         self.scored.clear();
         if !matches!(self.kind, MethodKind::Base | MethodKind::Icl) {
-            // without a train split (`--train-split none`) nothing was prepared
             self.load_given_common()?;
         }
         if !matches!(self.kind, MethodKind::UserLora | MethodKind::UserLoraF32 | MethodKind::Mezo) {
