@@ -88,6 +88,16 @@ impl ProjectionInfo {
     }
 }
 
+/// One product with a frozen weight, as the calls that do more than the
+/// product take it: `tokens` rows of `input` in direction `dir`, written
+/// into `out` (overwritten). Shapes: the module docs.
+pub struct Product<'a> {
+    pub dir: Direction,
+    pub input: &'a [f32],
+    pub tokens: usize,
+    pub out: &'a mut [f32],
+}
+
 /// A frozen weight and the two products with it.
 pub trait Projection: Send + Sync {
     /// Name, kind and shape.
@@ -97,27 +107,20 @@ pub trait Projection: Send + Sync {
     /// (overwritten). See the module docs for shapes.
     fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()>;
 
-    /// Like [`Projection::apply`], and runs `side` (CPU work that does not
-    /// need `out`, e.g. the LoRA branch) while the product is computed.
+    /// The product `p`, and runs `side` (CPU work that does not need
+    /// `p.out`, e.g. the LoRA branch) while the product is computed.
     ///
     /// The default runs `side` first, then the product, on this thread. A
     /// projection served elsewhere (the NPU service) sends its request,
     /// runs `side` while the request is in flight, then waits: the overlap
     /// the split runtime measures. `side` runs exactly once either way, so
     /// results do not depend on which implementation serves the product.
-    fn apply_overlapped(
-        &self,
-        dir: Direction,
-        input: &[f32],
-        tokens: usize,
-        out: &mut [f32],
-        side: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()> {
+    fn apply_overlapped(&self, p: Product<'_>, side: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         side()?;
-        self.apply(dir, input, tokens, out)
+        self.apply(p.dir, p.input, p.tokens, p.out)
     }
 
-    /// The product with a LoRA branch (no dropout) carried on the same
+    /// The product `p` with a LoRA branch (no dropout) carried on the same
     /// pass, when this implementation can: forward
     /// `out = X W^T + s xa B^T` writing `side = xa = X A^T: [tokens, r]`;
     /// input gradient `out = dY W + dxa A` writing
@@ -125,18 +128,8 @@ pub trait Projection: Send + Sync {
     /// perhaps also `db = s dY^T xa: [out, r]` ([`Carried::BranchAndDb`]).
     /// [`Carried::No`] (the default): nothing written; the caller runs the
     /// branch itself.
-    #[allow(clippy::too_many_arguments)]
-    fn apply_carrying_lora(
-        &self,
-        dir: Direction,
-        input: &[f32],
-        tokens: usize,
-        out: &mut [f32],
-        lora: LoraFactors<'_>,
-        side: &mut [f32],
-        db: Option<(&[f32], &mut [f32])>,
-    ) -> Result<Carried> {
-        let _ = (dir, input, tokens, out, lora, side, db);
+    fn apply_carrying_lora(&self, p: Product<'_>, lora: LoraFactors<'_>, side: &mut [f32], db: Option<(&[f32], &mut [f32])>) -> Result<Carried> {
+        let _ = (p, lora, side, db);
         Ok(Carried::No)
     }
 

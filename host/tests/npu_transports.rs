@@ -9,7 +9,7 @@
 //! and fails under CI (`CI` set).
 use hexlora::model::source::{DType, RawTensor};
 use hexlora::npu::{NpuClient, NpuOptions, Precision, TransportKind};
-use hexlora::projection::{Direction, ProjectionInfo, ProjectionKind};
+use hexlora::projection::{Direction, Product, ProjectionInfo, ProjectionKind};
 use hexlora::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -163,7 +163,7 @@ fn resident_bytes_counters_and_overlapped_side_work() {
     let (mut y1, mut y2) = (vec![0.0; TOKENS * OUT], vec![0.0; TOKENS * OUT]);
     p16.apply(Direction::Forward, &x, TOKENS, &mut y1).unwrap();
     let mut ran = 0;
-    p16.apply_overlapped(Direction::Forward, &x, TOKENS, &mut y2, &mut || {
+    p16.apply_overlapped(Product { dir: Direction::Forward, input: &x, tokens: TOKENS, out: &mut y2 }, &mut || {
         ran += 1;
         Ok(())
     })

@@ -3,7 +3,7 @@
 //! (the effective weight the DSP's Q8 kernels multiply), and a weight loaded
 //! with the wrong layout (transposed), which must fail every probe.
 use hexlora::model::cpu_projection::CpuProjection;
-use hexlora::projection::{Direction, Projection, ProjectionInfo, ProjectionKind};
+use hexlora::projection::{Direction, Product, Projection, ProjectionInfo, ProjectionKind};
 use hexlora::runtime::planner::{cpu_only, max_normalised_error, plan_projection, Buckets, RouteTable};
 use hexlora::runtime::routed::{RoutedProjection, SplitState};
 use hexlora::{Error, Result};
@@ -109,7 +109,7 @@ fn dsp_routes_pad_to_the_bucket_and_run_side_work_once() {
     let x = input(5, IN);
     let (mut got, mut want) = (vec![0f32; 5 * OUT], vec![0f32; 5 * OUT]);
     let mut sides = 0;
-    routed.apply_overlapped(Direction::Forward, &x, 5, &mut got, &mut || { sides += 1; Ok(()) }).unwrap();
+    routed.apply_overlapped(Product { dir: Direction::Forward, input: &x, tokens: 5, out: &mut got }, &mut || { sides += 1; Ok(()) }).unwrap();
     q8.apply(Direction::Forward, &x, 5, &mut want).unwrap();
     assert!(max_normalised_error(&got, &want) < 1e-6);
     assert_eq!(sides, 1);
@@ -173,7 +173,7 @@ fn a_dsp_that_gives_up_at_run_time_switches_the_run_to_the_cpu() {
     let mut sides = 0;
     for call in 0..12 {
         let mut got = vec![0f32; 4 * OUT];
-        routed.apply_overlapped(Direction::Forward, &x, 4, &mut got, &mut || { sides += 1; Ok(()) }).unwrap();
+        routed.apply_overlapped(Product { dir: Direction::Forward, input: &x, tokens: 4, out: &mut got }, &mut || { sides += 1; Ok(()) }).unwrap();
         if call >= 8 {
             assert_eq!(got, want, "after the failure the CPU path answers");
         }

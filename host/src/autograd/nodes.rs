@@ -10,7 +10,7 @@ use crate::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward, NormWeight};
 use crate::ops::rope::rope_apply;
 use crate::ops::geglu::{geglu_backward, geglu_forward};
 use crate::ops::swiglu::{swiglu_backward, swiglu_forward};
-use crate::projection::{Carried, Direction, LoraFactors, Projection};
+use crate::projection::{Carried, Direction, LoraFactors, Product, Projection};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -173,7 +173,7 @@ impl NodeKind {
                     Ok(())
                 };
                 match dx.as_mut() {
-                    Some(dx) => proj.apply_overlapped(Direction::InputGrad, &dout.data, x.rows(), &mut dx.data, &mut side)?,
+                    Some(dx) => proj.apply_overlapped(Product { dir: Direction::InputGrad, input: &dout.data, tokens: x.rows(), out: &mut dx.data }, &mut side)?,
                     None => side()?,
                 }
                 let [dx_lora, da, db] = lora.expect("side work runs exactly once");
@@ -283,7 +283,7 @@ fn carried_lora_backward(proj: &dyn Projection, inputs: &[&Tensor], dout: &Tenso
     let mut db = wanted[3].then(|| Tensor::zeros(&b.shape));
     let lora = LoraFactors { a: &a.data, b: &b.data, rank: shapes.rank, scale: scaling };
     let db_slot = db.as_mut().map(|db| (xa, &mut db.data[..]));
-    let carried = proj.apply_carrying_lora(Direction::InputGrad, &dout.data, shapes.tokens, &mut dx.data, lora, &mut dxa, db_slot)?;
+    let carried = proj.apply_carrying_lora(Product { dir: Direction::InputGrad, input: &dout.data, tokens: shapes.tokens, out: &mut dx.data }, lora, &mut dxa, db_slot)?;
     if carried == Carried::No {
         return Err(Error::Unsupported(format!("{} carried its LoRA branch forward but not backward", proj.info().name)));
     }
@@ -387,13 +387,13 @@ impl Tape {
         let mut y = Tensor::to_overwrite(&shape);
         let mut xa = vec![0.0; shapes.tokens * shapes.rank];
         let lora = LoraFactors { a: &av.data, b: &bv.data, rank: shapes.rank, scale: scaling };
-        let carried = no_dropout(dropout) && proj.apply_carrying_lora(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, lora, &mut xa, None)? != Carried::No;
+        let carried = no_dropout(dropout) && proj.apply_carrying_lora(Product { dir: Direction::Forward, input: &xv.data, tokens: shapes.tokens, out: &mut y.data }, lora, &mut xa, None)? != Carried::No;
         if !carried {
             let mut side = || {
                 branch::down(&mut xa, &xv.data, &av.data, dropout, shapes);
                 Ok(())
             };
-            proj.apply_overlapped(Direction::Forward, &xv.data, shapes.tokens, &mut y.data, &mut side)?;
+            proj.apply_overlapped(Product { dir: Direction::Forward, input: &xv.data, tokens: shapes.tokens, out: &mut y.data }, &mut side)?;
             // Straight into y: a separate [T, out] branch output plus an add
             // pass cost more than this product (measured, examples/bench_lora_branch.rs).
             branch::add_up(&mut y.data, &xa, &bv.data, scaling, shapes);
@@ -567,8 +567,8 @@ mod tests {
         fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
             self.0.apply(dir, input, tokens, out)
         }
-        fn apply_overlapped(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32], side: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-            self.0.apply(dir, input, tokens, out)?;
+        fn apply_overlapped(&self, p: Product<'_>, side: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+            self.0.apply(p.dir, p.input, p.tokens, p.out)?;
             side()
         }
     }

@@ -16,7 +16,7 @@ use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows, Weight};
 use crate::ops::matmul::{matmul, matmul_bt};
 use crate::ops::quant_bf16;
 use crate::ops::quant_matvec::{self, StoredRows};
-use crate::projection::{Carried, Direction, LoraFactors, Projection, ProjectionInfo};
+use crate::projection::{Carried, Direction, LoraFactors, Product, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -361,16 +361,8 @@ impl Projection for Bf16Projection {
         Ok(())
     }
 
-    fn apply_carrying_lora(
-        &self,
-        dir: Direction,
-        input: &[f32],
-        tokens: usize,
-        out: &mut [f32],
-        lora: LoraFactors<'_>,
-        side: &mut [f32],
-        db: Option<(&[f32], &mut [f32])>,
-    ) -> Result<Carried> {
+    fn apply_carrying_lora(&self, p: Product<'_>, lora: LoraFactors<'_>, side: &mut [f32], db: Option<(&[f32], &mut [f32])>) -> Result<Carried> {
+        let Product { dir, input, tokens, out } = p;
         self.info.check_io(dir, input, tokens, out)?;
         let (r, info) = (lora.rank, &self.info);
         if lora.a.len() != r * info.in_features || lora.b.len() != info.out_features * r || side.len() != tokens * r {
@@ -452,7 +444,7 @@ mod tests {
                 p.apply(Direction::InputGrad, &dy, tokens, &mut dx).unwrap();
                 p.scaled_rows(&[0, 5, out_f - 1], &[1.0, -0.5, 3.0], &mut rows).unwrap();
                 let (mut yl, mut side) = (vec![0.0; tokens * out_f], vec![0.0; tokens * rank]);
-                let carried = p.apply_carrying_lora(Direction::Forward, &x, tokens, &mut yl, lora, &mut side, None).unwrap();
+                let carried = p.apply_carrying_lora(Product { dir: Direction::Forward, input: &x, tokens, out: &mut yl }, lora, &mut side, None).unwrap();
                 [y, dx, rows, yl, side, vec![(carried == Carried::Branch) as u8 as f32]].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
             };
             assert_eq!(run(&blocks), run(&copy), "{dtype:?}");

@@ -1,7 +1,7 @@
 //! A frozen projection whose weight is resident in the DSP service.
 use super::client::NpuClient;
 use super::policy::Precision;
-use crate::projection::{Direction, Projection, ProjectionInfo};
+use crate::projection::{Direction, Product, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use hexlora_proto::protocol::{BufferRef, ProjectionId};
 use hexlora_proto::q8_0::{self, QK8_0};
@@ -104,14 +104,7 @@ impl Projection for NpuProjection {
     /// waits: real overlap on the queue transports (shared memory,
     /// simulator); the in-process transport is synchronous, so there `side`
     /// runs after the product.
-    fn apply_overlapped(
-        &self,
-        dir: Direction,
-        input: &[f32],
-        tokens: usize,
-        out: &mut [f32],
-        side: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()> {
-        self.run(dir, input, tokens, out, Some(side))
+    fn apply_overlapped(&self, p: Product<'_>, side: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.run(p.dir, p.input, p.tokens, p.out, Some(side))
     }
 }

@@ -9,7 +9,7 @@
 //! run switches to the CPU path from then on ([`SplitState::fall_back`]),
 //! says so once on stderr and records it in the metrics.
 use super::planner::{direction_name, Buckets, Route};
-use crate::projection::{Direction, Projection, ProjectionInfo};
+use crate::projection::{Direction, Product, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -165,10 +165,11 @@ impl Projection for RoutedProjection {
     }
 
     fn apply(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32]) -> Result<()> {
-        self.apply_overlapped(dir, input, tokens, out, &mut || Ok(()))
+        self.apply_overlapped(Product { dir, input, tokens, out }, &mut || Ok(()))
     }
 
-    fn apply_overlapped(&self, dir: Direction, input: &[f32], tokens: usize, out: &mut [f32], side: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    fn apply_overlapped(&self, p: Product<'_>, side: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let Product { dir, input, tokens, out } = p;
         self.info().check_io(dir, input, tokens, out)?;
         let Some((dsp, bucket)) = self.dsp_route(dir, tokens) else {
             return self.cpu_apply(dir, input, tokens, out, Some(side));
@@ -198,7 +199,7 @@ impl Projection for RoutedProjection {
         let result = if synchronous {
             timed_side().and_then(|()| dsp.apply(dir, x, bucket, &mut y))
         } else {
-            dsp.apply_overlapped(dir, x, bucket, &mut y, &mut timed_side)
+            dsp.apply_overlapped(Product { dir, input: x, tokens: bucket, out: &mut y }, &mut timed_side)
         };
         let wait = (t.elapsed().as_nanos() as u64).saturating_sub(side_ns);
         if !synchronous {
