@@ -6,7 +6,15 @@
 #     with a new SuperLink), ends bit-identical to single-process `hexlora
 #     hypertrain` for the same 4 steps (the reference is that run);
 #  2. three SuperNodes on disjoint shards (3 users each) train, every round
-#     has all three workers, and the held-out loss falls from round 0.
+#     has all three workers, the held-out loss falls from round 0, and every
+#     round's `hexlora eval --method hypernet` figure is recorded (the last
+#     equal to running eval on that round by hand);
+#  3. FedAdam, stopped after round 1 and resumed: both rounds are the
+#     FedAdam steps computed in f64 from the workers' outputs, round 2 with
+#     round 1's committed moments;
+#  4. DP: one worker without noise arrives clipped to the clipping norm;
+#     three workers with noise multiplier 1 move the parameters by noise of
+#     the stdev Flower's Gaussian mechanism promises.
 # Flower comes from PyPI into a venv of its own (never a dependency of
 # hexlora). Ends with `N passed, M failed`.
 #
@@ -64,10 +72,32 @@ check grep -q "resuming after committed round 1" "$work/fed1/flower/run.log"
 check "$py" ci/federated_check.py same "$work/single/hypernet" "$work/fed1/hypernet"
 check "$py" ci/federated_check.py shards "$work/fed1" 1 9
 
-echo "== 3 SuperNodes, shards 0/3 1/3 2/3, 2 rounds x 2 steps"
-check federation fed3 --supernodes 3 --rounds 2 --local-steps 2 --port "$((port + 10))"
+echo "== 3 SuperNodes, shards 0/3 1/3 2/3, 2 rounds x 2 steps, hexlora eval every round"
+bench=$PWD/host/tests/fixtures/hyper/lamp/mail-subject
+check federation fed3 --supernodes 3 --rounds 2 --local-steps 2 --port "$((port + 10))" \
+    --run-config "eval-bench=\"$bench\" eval-args=\"--max-new-tokens 4\""
 check "$py" ci/federated_check.py shards "$work/fed3" 3 9
 check "$py" ci/federated_check.py falls "$work/fed3"
+check "$py" ci/federated_check.py evaluated "$work/fed3" "$HEXLORA_BIN" "$model" "$bench"
+
+# From here round 1 must move the parameters (under --warmup 1 its two
+# steps run at learning rate 0), so the server's step and the clipping see
+# a real update.
+train_args=${train_args/--warmup 1/--warmup 0}
+
+echo "== FedAdam, 1 SuperNode, round 1, restart, round 2"
+adam="strategy=\"fedadam\" server-lr=0.01 server-beta1=0.9 server-beta2=0.99 server-tau=0.001"
+worker_net=$work/fedadam/nodes/0/stage1/worker/hypernet
+check federation fedadam --supernodes 1 --rounds 1 --local-steps 2 --port "$((port + 20))" --run-config "$adam"
+cp -r "$worker_net" "$work/fedadam-y1"
+check federation fedadam --supernodes 1 --rounds 2 --local-steps 2 --port "$((port + 20))" --run-config "$adam"
+check "$py" ci/federated_check.py fedadam "$work/fedadam" "$work/fedadam-y1" "$worker_net" 0.01 0.9 0.99 0.001
+
+echo "== DP: clipping alone (1 SuperNode), clipping and noise (3 SuperNodes)"
+check federation dpclip --supernodes 1 --rounds 1 --local-steps 2 --port "$((port + 30))" --run-config "dp-clipping-norm=0.001"
+check "$py" ci/federated_check.py clipped "$work/dpclip" "$work/dpclip/nodes/0/stage1/worker/hypernet" 0.001
+check federation dpnoise --supernodes 3 --rounds 1 --local-steps 2 --port "$((port + 40))" --run-config "dp-clipping-norm=0.001 dp-noise-multiplier=1.0"
+check "$py" ci/federated_check.py noise "$work/dpnoise" 0.001 3
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -8,7 +8,9 @@
 #       [--train-args "--simcse-steps 1 --steps 5 --seed 0"] [--hexlora BIN] \
 #       [--port 19300] [--min-nodes N] [--run-config 'key=value ...']
 #
-# Each node keeps its worker state in OUT/nodes/K; Flower's own state and
+# --data and --dev-data are users JSONL files, or both a LaMP benchmark
+# directory (the nodes train on its train split, the server holds out its
+# dev split). Each node keeps its worker state in OUT/nodes/K; Flower's own state and
 # logs go to OUT/flower. The same commands across machines: README.md,
 # "Stage 1 across machines".
 set -euo pipefail
@@ -81,12 +83,14 @@ setsid "$venv/bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" \
 pids+=($!)
 echo "${pids[0]}" >"$flower/superlink.pid"
 echo "superlink pid ${pids[0]} on 127.0.0.1:$port" >&2
+users="data=\"$data\""
+[ -d "$data" ] && users="bench=\"$data\" split=\"train\""
 for k in $(seq 0 $((supernodes - 1))); do
     shard=""
     [ "$supernodes" -gt 1 ] && shard="$k/$supernodes"
     mkdir -p "$out/nodes/$k/home"
     FLWR_HOME="$out/nodes/$k/home" setsid "$venv/bin/flower-supernode" --insecure --superlink "127.0.0.1:$port" --port $((port + 1 + k)) \
-        --node-config "shard=\"$shard\" data=\"$data\" model=\"$model\" hexlora=\"$hexlora\" workdir=\"$out/nodes/$k\"" \
+        --node-config "shard=\"$shard\" $users model=\"$model\" hexlora=\"$hexlora\" workdir=\"$out/nodes/$k\"" \
         >"$flower/supernode-$k.log" 2>&1 &
     pids+=($!)
     echo "$!" >"$flower/supernode-$k.pid"

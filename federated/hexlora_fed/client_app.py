@@ -17,11 +17,38 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from .hexlora_cli import Trainer, worker_round
 from .hypernet_io import read_hypernet, write_hypernet
 
-app = ClientApp()
+
+def optional_clipping_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's fixedclipping_mod when the server runs DP (its wrapper puts
+    the clipping norm into the round's config): the update is clipped
+    here, before it leaves the node. Without DP the reply is untouched."""
+    config = msg.content.config_records
+    if not any(KEY_CLIPPING_NORM in c for c in config.values()):
+        return call_next(msg, context)
+    replies = []
+
+    def run(m: Message, c: Context) -> Message:
+        replies.append(call_next(m, c))
+        return replies[-1]
+
+    try:
+        return fixedclipping_mod(msg, context, run)
+    except ZeroDivisionError:
+        # Flower divides the clipping norm by the update's norm; an update
+        # of zero (a round run at learning rate 0, e.g. in warmup) is
+        # within any clip, and the reply is untouched when it raises.
+        if not replies:
+            raise
+        return replies[-1]
+
+
+app = ClientApp(mods=[optional_clipping_mod])
 
 
 def _node_value(context: Context, key: str, default: str | None = None) -> str:
@@ -57,6 +84,8 @@ def train(msg: Message, context: Context) -> Message:
     metrics = MetricRecord(
         {
             "num-examples": int(summary["examples"]),
+            # FedAvg's weight under DP: every worker counts the same.
+            "unit-weight": 1,
             "train-loss": float(summary["loss"] if summary["loss"] is not None else 0.0),
             "steps": int(summary["step"]) - start_step,
         }

@@ -63,14 +63,44 @@ def initial_network(t: Trainer, out: Path) -> Path:
     return out / "hypernet"
 
 
-def held_out_loss(t: Trainer, net: Path, step: int, dev_data: str, dev_users: int) -> float:
-    """Loss of the LoRAs `net` synthesizes on the held-out users
-    (`hexlora hypertrain`'s held-out log, taken before any step)."""
+def dev_users_args(dev_data: str, dev_split: str) -> tuple[list[str], list[str]]:
+    """How hypertrain reads the held-out users in `dev_data`: a users JSONL
+    file, or a LaMP directory's `dev_split`. Returns (the users option, the
+    held-out option)."""
+    if Path(dev_data).is_dir():
+        return ["--bench", dev_data, "--split", dev_split], ["--dev-split", dev_split]
+    return ["--data", dev_data], ["--dev-data", dev_data]
+
+
+def held_out_loss(t: Trainer, net: Path, step: int, dev: list[str], dev_users: int) -> float:
+    """Loss of the LoRAs `net` synthesizes on the held-out users `dev`
+    (`dev_users_args`; `hexlora hypertrain`'s held-out log, taken before
+    any step)."""
     with tempfile.TemporaryDirectory(prefix="hexlora-dev-") as tmp:
-        extra = ["--init-hypernet", str(net), "--start-step", str(step), "--local-steps", "0", "--dev-data", dev_data, "--dev-users", str(dev_users)]
+        extra = ["--init-hypernet", str(net), "--start-step", str(step), "--local-steps", "0", *dev, "--dev-users", str(dev_users)]
         run(t.command(Path(tmp) / "eval", extra), f"held-out loss at step {step}")
         lines = [json.loads(l) for l in (Path(tmp) / "eval" / "heldout.jsonl").read_text().splitlines() if l.strip()]
         return float(next(l["hypernet"] for l in lines if l.get("step") == step))
+
+
+def eval_hypernet(t: Trainer, net: Path, bench: str, split: str, users: int, eval_args: str) -> dict:
+    """`hexlora eval --method hypernet` of the network in `net` on the
+    LaMP benchmark `bench`'s `split` (its first `users`, 0 = all), greedy:
+    `{"dev_<metric>": value}` for the task's primary metric (ROUGE-1 or
+    accuracy), plus the users and queries it covered. The result file
+    (per-user predictions and scores) is kept in `net` as
+    `eval-<split>-T0.json`."""
+    with tempfile.TemporaryDirectory(prefix="hexlora-eval-") as tmp:
+        cmd = [t.hexlora, "eval", "--bench", bench, "--split", split, "--train-split", "none", "--method", "hypernet", "--hypernet", str(net)]
+        cmd += ["--model", t.model, "--users", str(users), *shlex.split(eval_args), "--out", tmp]
+        run(cmd, f"eval of {net} on {bench} ({split})")
+        results = sorted(Path(tmp).glob(f"*-hypernet-{split}-T0.json"))
+        if len(results) != 1:
+            raise RuntimeError(f"eval of {net} wrote {[p.name for p in Path(tmp).iterdir()]}, expected one *-hypernet-{split}-T0.json")
+        shutil.copyfile(results[0], Path(net) / f"eval-{split}-T0.json")
+        summary = json.loads(results[0].read_text())["summary"]
+        metric = summary.get("primary_metric", "accuracy")
+        return {f"dev_{metric}": float(summary[metric]), "dev_eval_users": int(summary["users"]), "dev_eval_queries": int(summary["queries"])}
 
 
 def _committed_step(out: Path) -> int | None:

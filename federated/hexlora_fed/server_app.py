@@ -1,10 +1,11 @@
 """The ServerApp: federated averaging of the hypernetwork, weighted by each
-worker's example count (Flower's FedAvg over the ArrayRecords), with every
-round committed as a hypernetwork directory `hexlora synth` reads.
+worker's example count (Flower's FedAvg over the ArrayRecords; FedAdam and
+client-side DP as options, see strategies.py), with every round committed
+as a hypernetwork directory `hexlora synth` reads.
 
 `out-dir` holds `rounds/round-NNNN/` (hypernet.json, hypernet.safetensors,
-round.json), renamed into place whole, so a round is either committed or
-absent; `hypernet` (a symlink to the last round), `metrics.jsonl` (every
+round.json; server-opt.safetensors under FedAdam), renamed into place
+whole, so a round is either committed or absent; `hypernet` (a symlink to the last round), `metrics.jsonl` (every
 round.json). A stopped federation started again with the same run config
 resumes after its last committed round.
 """
@@ -20,10 +21,10 @@ from pathlib import Path
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
 
-from .hexlora_cli import Trainer, held_out_loss, initial_network
+from .hexlora_cli import Trainer, dev_users_args, eval_hypernet, held_out_loss, initial_network
 from .hypernet_io import read_hypernet, write_hypernet
+from .strategies import check, load_moments, make_strategy, save_moments
 
 app = ServerApp()
 
@@ -37,11 +38,23 @@ class ServerConfig:
     hexlora: str
     model: str
     dev_data: str
+    dev_split: str
     dev_users: int
     eval_every: int
     min_nodes: int
     timeout: float
     federation_name: str
+    strategy: str
+    server_lr: float
+    server_beta1: float
+    server_beta2: float
+    server_tau: float
+    dp_noise_multiplier: float
+    dp_clipping_norm: float
+    eval_bench: str
+    eval_split: str
+    eval_users: int
+    eval_args: str
 
     @staticmethod
     def from_run_config(rc: dict) -> "ServerConfig":
@@ -57,7 +70,13 @@ class ServerConfig:
                 raise ValueError(f"run config {key!r} is {value}, must be >= {low}")
             return value
 
-        return ServerConfig(
+        def number(key: str, default: float, low: float, high: float = float("inf")) -> float:
+            value = float(rc.get(key, default))
+            if not low <= value <= high:
+                raise ValueError(f"run config {key!r} is {value}, must be in [{low}, {high}]")
+            return value
+
+        cfg = ServerConfig(
             rounds=at_least("num-server-rounds", 1),
             local_steps=at_least("local-steps", 1),
             train_args=str(rc.get("train-args", "")),
@@ -65,12 +84,26 @@ class ServerConfig:
             hexlora=text("hexlora"),
             model=text("model"),
             dev_data=text("dev-data"),
+            dev_split=str(rc.get("dev-split", "dev")),
             dev_users=at_least("dev-users", 1),
             eval_every=at_least("eval-every", 0),
             min_nodes=at_least("min-nodes", 1),
             timeout=float(rc["round-timeout"]),
             federation_name=text("federation-name"),
+            strategy=str(rc.get("strategy", "fedavg")),
+            server_lr=number("server-lr", 1e-3, 1e-12),
+            server_beta1=number("server-beta1", 0.9, 0.0, 0.999999),
+            server_beta2=number("server-beta2", 0.99, 0.0, 0.999999),
+            server_tau=number("server-tau", 1e-3, 1e-12),
+            dp_noise_multiplier=number("dp-noise-multiplier", 0.0, 0.0),
+            dp_clipping_norm=number("dp-clipping-norm", 0.0, 0.0),
+            eval_bench=str(rc.get("eval-bench", "")),
+            eval_split=str(rc.get("eval-split", "dev")),
+            eval_users=int(number("eval-users", 0, 0)),
+            eval_args=str(rc.get("eval-args", "")),
         )
+        check(cfg.strategy, cfg.dp_noise_multiplier, cfg.dp_clipping_norm)
+        return cfg
 
 
 class Rounds:
@@ -89,11 +122,13 @@ class Rounds:
         done = [int(p.name.split("-")[1]) for p in self.dir.glob("round-*") if (p / "round.json").exists()] if self.dir.exists() else []
         return max(done) if done else None
 
-    def commit(self, r: int, arrays: ArrayRecord, net_json: str, record: dict, measure) -> dict:
-        """Writes round `r`: the network, then `measure(directory)`'s figures
-        into round.json, then the rename that makes it the last round."""
+    def commit(self, r: int, arrays: ArrayRecord, net_json: str, moments: dict, record: dict, measure) -> dict:
+        """Writes round `r`: the network and the server optimizer's
+        `moments`, then `measure(directory)`'s figures into round.json,
+        then the rename that makes it the last round."""
         tmp = self.dir / f".round-{r:04d}.tmp"
         write_hypernet(tmp, arrays, net_json)
+        save_moments(tmp, moments)
         record = {**record, **measure(tmp)}
         (tmp / "round.json").write_text(json.dumps(record) + "\n")
         shutil.rmtree(self.path(r), ignore_errors=True)
@@ -117,44 +152,28 @@ class Rounds:
         os.replace(tmp, self.out / "metrics.jsonl")
 
 
-class RoundFedAvg(FedAvg):
-    """FedAvg that keeps what the round's replies said (for round.json) and
-    refuses to commit a round no worker answered: the federation stops, and
-    started again it retries that round."""
-
-    def aggregate_train(self, server_round: int, replies):
-        replies = list(replies)
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        ok = [m for m in replies if not m.has_error()]
-        if arrays is None or not ok:
-            raise RuntimeError(f"round {server_round}: no worker returned parameters ({len(replies) - len(ok)} failed)")
-        self.last = {
-            "workers": len(ok),
-            "failed": len(replies) - len(ok),
-            "examples": sum(int(m.content["metrics"]["num-examples"]) for m in ok),
-            "train_loss": float(metrics["train-loss"]) if metrics is not None else None,
-        }
-        return arrays, metrics
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = ServerConfig.from_run_config(context.run_config)
     rounds = Rounds(cfg.out_dir)
-    trainer = Trainer(hexlora=cfg.hexlora, model=cfg.model, users=["--data", cfg.dev_data], train_args=cfg.train_args)
+    users, dev = dev_users_args(cfg.dev_data, cfg.dev_split)
+    trainer = Trainer(hexlora=cfg.hexlora, model=cfg.model, users=users, train_args=cfg.train_args)
 
     def measure(r: int):
         def figures(net: Path) -> dict:
             if cfg.eval_every == 0 or (r % cfg.eval_every != 0 and r != cfg.rounds):
                 return {}
-            return {"dev_loss": held_out_loss(trainer, net, r * cfg.local_steps, cfg.dev_data, cfg.dev_users)}
+            out = {"dev_loss": held_out_loss(trainer, net, r * cfg.local_steps, dev, cfg.dev_users)}
+            if cfg.eval_bench:
+                out.update(eval_hypernet(trainer, net, cfg.eval_bench, cfg.eval_split, cfg.eval_users, cfg.eval_args))
+            return out
 
         return figures
 
     done = rounds.last()
     if done is None:
         arrays, net_json = read_hypernet(initial_network(trainer, cfg.out_dir / "init"))
-        rec = rounds.commit(0, arrays, net_json, {"round": 0, "step": 0}, measure(0))
+        rec = rounds.commit(0, arrays, net_json, {}, {"round": 0, "step": 0}, measure(0))
         log(INFO, "round 0 (untrained network) committed: %s", rec)
         done = 0
     else:
@@ -163,8 +182,8 @@ def main(grid: Grid, context: Context) -> None:
         log(INFO, "all %d rounds are committed in %s", cfg.rounds, cfg.out_dir)
         return
     arrays, net_json = read_hypernet(rounds.path(done))
-
-    strategy = RoundFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=cfg.min_nodes, min_available_nodes=cfg.min_nodes)
+    strategy = make_strategy(cfg, done, load_moments(rounds.path(done), cfg.strategy, done))
+    dp = {"dp_noise_multiplier": cfg.dp_noise_multiplier, "dp_clipping_norm": cfg.dp_clipping_norm} if cfg.dp_clipping_norm > 0 else {}
     train_config = ConfigRecord(
         {
             "first-round": done + 1,
@@ -180,8 +199,8 @@ def main(grid: Grid, context: Context) -> None:
         if server_round == 0:
             return None  # the starting network is the last committed round
         r = done + server_round
-        record = {"round": r, "step": r * cfg.local_steps, **strategy.last, "seconds": round(time.time() - started, 3)}
-        rec = rounds.commit(r, arrays, net_json, record, measure(r))
+        record = {"round": r, "step": r * cfg.local_steps, "strategy": cfg.strategy, **dp, **strategy.last, "seconds": round(time.time() - started, 3)}
+        rec = rounds.commit(r, arrays, net_json, strategy.moments(), record, measure(r))
         log(INFO, "round %d committed: %s", r, rec)
         return MetricRecord({k: v for k, v in rec.items() if isinstance(v, (int, float)) and v is not None})
 
