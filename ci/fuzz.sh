@@ -7,6 +7,8 @@
 # any target found one (the input is in fuzz/artifacts/TARGET).
 #
 #   bash ci/fuzz.sh [SECONDS] [TARGET...]
+#   FUZZ_RUNS=1000000 bash ci/fuzz.sh 36000    # the long pass: 10^6 executions
+#                                              # per target (or SECONDS, if sooner)
 #
 # Installs cargo-fuzz when missing. cargo-fuzz passes nightly flags
 # (-Zsanitizer=address); RUSTC_BOOTSTRAP=1 lets the stable toolchain take
@@ -55,15 +57,17 @@ for t in "${targets[@]}"; do
     mkdir -p "fuzz/regressions/$t"
     log="fuzz/artifacts/$t.log"
     mkdir -p fuzz/artifacts
-    rc=0
+    rc=0 start=$SECONDS
+    runs=()
+    [ -z "${FUZZ_RUNS:-}" ] || runs=(-runs="$FUZZ_RUNS")
     # -timeout: an input running 10 s is a hang; the regression inputs run first.
     (cd fuzz && cargo fuzz run "$t" "corpus/$t" "regressions/$t" -- \
-        -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1) >"$log" 2>&1 || rc=$?
+        -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "${runs[@]}") >"$log" 2>&1 || rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
     crashes=$(grep -c '^==[0-9]*==ERROR\|panicked at\|deadly signal' "$log" || true)
     hangs=$(grep -c 'ERROR: libFuzzer: timeout' "$log" || true)
-    echo "$t: executions ${execs:-?}, coverage ${cov:-?}, crashes $crashes, hangs $hangs, exit $rc (log: $log)"
+    echo "$t: executions ${execs:-?}, coverage ${cov:-?}, crashes $crashes, hangs $hangs, exit $rc, $((SECONDS - start)) s (log: $log)"
     if [ "$rc" -ne 0 ]; then
         failed+=("$t")
         grep -m 5 'panicked at\|ERROR\|Test unit written' "$log" || true

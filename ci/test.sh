@@ -35,6 +35,9 @@ bash ci/llama-cpp-adapter.sh
 echo "== stage 1 federated on Flower, on loopback (Flower in a venv of its own)"
 bash ci/federated-test.sh
 
+echo "== fuzz targets, a short pass (ci/fuzz.sh; the long pass is run by hand, docs/STATUS.md)"
+bash ci/fuzz.sh "${FUZZ_SECONDS:-15}"
+
 echo "== firmware self-test binary, native (the same registry the simulator runs)"
 cargo run -q -p hexlora-dsp --bin selftest | tail -n 1
 
