@@ -40,15 +40,17 @@ pub enum OutType {
 }
 
 /// llama.cpp's name for the architecture; only those whose GGUF layout
-/// [`gguf_projection_name`] and the q/k permutation describe.
+/// [`gguf_projection_name`] and the q/k permutation describe. Gemma 3's
+/// projections carry Llama's GGUF names and its q/k rows are not permuted
+/// (llama.cpp rotates them NeoX-style, in Hugging Face's row order).
 fn gguf_arch(cfg: &ModelConfig) -> Result<&'static str> {
     match cfg.arch {
         Arch::Llama => Ok("llama"),
         Arch::Qwen3 => Ok("qwen3"),
+        Arch::Gemma3 => Ok("gemma3"),
         Arch::Qwen35 => Err(Error::Unsupported(
-            "GGUF LoRA adapters for Qwen3.5 (its GGUF rewrites value heads and norms; only Llama and Qwen3 are exported)".into(),
+            "GGUF LoRA adapters for Qwen3.5 (its GGUF rewrites value heads and norms; only Llama, Qwen3 and Gemma 3 are exported)".into(),
         )),
-        Arch::Gemma3 => Err(Error::Unsupported("GGUF LoRA adapters for Gemma 3 (only Llama and Qwen3 are exported)".into())),
     }
 }
 
@@ -283,10 +285,15 @@ mod tests {
         assert_eq!(&stored[4..6], &b[2..4], "GGUF row 2 holds HF row 1");
         let (info, _) = g.get_gguf("blk.0.ffn_down.weight.lora_a").unwrap();
         assert_eq!(info.dims, vec![16, 2]);
-        // Qwen3 GGUFs keep HF row order.
-        export(&ad, &cfg(Arch::Qwen3), OutType::F32, &path).unwrap();
-        let (_, bytes) = Gguf::open(&path).unwrap().get_gguf("blk.0.attn_q.weight.lora_b").map(|(i, b)| (i.clone(), b.to_vec())).unwrap();
-        assert_eq!(bytes, b.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        // Qwen3 and Gemma 3 GGUFs keep HF row order.
+        for arch in [Arch::Qwen3, Arch::Gemma3] {
+            export(&ad, &cfg(arch), OutType::F32, &path).unwrap();
+            let (_, bytes) = Gguf::open(&path).unwrap().get_gguf("blk.0.attn_q.weight.lora_b").map(|(i, b)| (i.clone(), b.to_vec())).unwrap();
+            assert_eq!(bytes, b.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(), "{arch:?}");
+            assert_eq!(import(&path, &cfg(arch)).unwrap().modules, ad.modules, "{arch:?}");
+        }
+        let err = import(&path, &cfg(Arch::Llama)).unwrap_err().to_string();
+        assert!(err.contains("general.architecture is gemma3"), "{err}");
     }
 
     #[test]
