@@ -11,8 +11,8 @@
 # --data and --dev-data are users JSONL files, or both a LaMP benchmark
 # directory (the nodes train on its train split, the server holds out its
 # dev split). Each node keeps its worker state in OUT/nodes/K; Flower's own state and
-# logs go to OUT/flower. The same commands across machines: README.md,
-# "Stage 1 across machines".
+# logs go to OUT/flower. The same commands across machines (real addresses,
+# TLS): docs/FEDERATED.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv=${FLOWER_VENV:-$here/../target/flower-venv}
