@@ -78,6 +78,7 @@ fn configs() -> (HyperConfig, HyperTrainConfig) {
         max_grad_norm: Some(1.0),
         seed: 5,
         recompute: false,
+        freeze_common: false,
     };
     (net, train)
 }
@@ -180,4 +181,30 @@ fn user_split_is_disjoint_and_cuts_long_prompts_from_the_left() {
     assert_eq!(long.ids, want);
     assert_eq!(long.labels.iter().filter(|&&l| l >= 0).count(), 5);
     assert!(long.labels[..35].iter().all(|&l| l == -100));
+}
+
+/// `freeze_common`: stage 1b leaves every head's output bias (the LoRA an
+/// untrained network emits for everyone) bit for bit as it started, and
+/// still trains the rest; without it the biases move.
+#[test]
+fn freeze_common_keeps_the_output_biases() {
+    let model = model();
+    let (net, train) = configs();
+    let fresh = HyperNet::init(net.clone(), &model, None, 1).unwrap();
+    let biases = |n: &HyperNet| n.heads.output_biases().map(|i| n.heads.params[i].data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
+    let others = |n: &HyperNet| {
+        let b: Vec<usize> = n.heads.output_biases().collect();
+        (0..n.heads.params.len()).filter(|i| !b.contains(i)).map(|i| n.heads.params[i].data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>()
+    };
+    let mut runs = Vec::new();
+    for freeze in [true, false] {
+        let out = tempfile::tempdir().unwrap();
+        let cfg = HyperTrainConfig { freeze_common: freeze, ..train.clone() };
+        let run = HyperRun { resume: false, progress: false, stop_after: None, commit_every: 1, hooks: None };
+        runs.push(hypertrain(&model, &ByteText, &users(), fresh.clone(), None, &cfg, out.path(), run).unwrap().net);
+    }
+    assert!(biases(&fresh).iter().any(|b| b.iter().any(|&v| v != 0)), "the fixture's biases are PEFT's init, not all zero");
+    assert_eq!(biases(&runs[0]), biases(&fresh), "frozen biases moved");
+    assert_ne!(others(&runs[0]), others(&fresh), "nothing else trained");
+    assert_ne!(biases(&runs[1]), biases(&fresh), "without freeze_common the biases train");
 }

@@ -98,6 +98,10 @@ pub struct Args {
     /// Weight of the KL to the ICL teacher (0 = off), finite and >= 0.
     #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     kl_weight: f32,
+    /// Keep the heads' output biases (the common LoRA the network starts
+    /// from) fixed in stage 1b: only what depends on the user trains.
+    #[arg(long)]
+    freeze_common: bool,
     /// Stage 1b peak learning rate, finite and > 0.
     #[arg(long, default_value_t = 1e-3, value_parser = positive)]
     lr: f32,
@@ -241,6 +245,7 @@ fn train_config(args: &Args) -> HyperTrainConfig {
         max_grad_norm: (args.max_grad_norm > 0.0).then_some(args.max_grad_norm),
         seed: args.seed,
         recompute: args.recompute,
+        freeze_common: args.freeze_common,
     }
 }
 

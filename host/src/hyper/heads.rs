@@ -252,6 +252,12 @@ impl Heads {
         self.params.iter().map(|p| Tensor::zeros(&p.shape)).collect()
     }
 
+    /// Indices into `params` of every head's output bias `b2` (what the
+    /// heads emit for any user when `W2 = 0`: the common LoRA at init).
+    pub fn output_biases(&self) -> impl Iterator<Item = usize> + '_ {
+        self.specs.iter().map(|s| s.b2)
+    }
+
     /// The emitted matrices as a PEFT adapter with configuration `config`.
     pub fn to_adapter(&self, outs: Vec<Tensor>, config: LoraConfig) -> Adapter {
         let mut modules: Vec<LoraModule> = Vec::new();

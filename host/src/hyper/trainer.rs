@@ -55,6 +55,11 @@ pub struct HyperTrainConfig {
     pub seed: u64,
     /// Recompute every layer in the backward (memory for time).
     pub recompute: bool,
+    /// Stage 1b keeps the heads' output biases (`b2`: the common LoRA the
+    /// network starts from) as they are, so only what depends on the
+    /// user's embedding trains and the network cannot drift into a second
+    /// common LoRA.
+    pub freeze_common: bool,
 }
 
 /// The options of a hypernetwork run. Its commits hold the network and
@@ -154,6 +159,21 @@ fn step_users<'a>(users: &'a [UserRecord], seed: u64, step: u64, n: usize) -> Ve
     (0..n as u64).map(|j| &users[example_index(seed, step * n as u64 + j, users.len())]).collect()
 }
 
+/// Indices into [`HyperNet::params`] a step leaves as they are (put back
+/// after the update: AdamW's weight decay moves a parameter even without a
+/// gradient): stage 1a trains the embedder only; with `freeze_common`,
+/// stage 1b keeps the heads' output biases.
+fn frozen(net: &HyperNet, simcse: bool, freeze_common: bool) -> Box<dyn Iterator<Item = usize> + '_> {
+    let e = net.embedder_len();
+    if simcse {
+        Box::new(e..e + net.heads.params.len())
+    } else if freeze_common {
+        Box::new(net.heads.output_biases().map(move |i| e + i))
+    } else {
+        Box::new(std::iter::empty())
+    }
+}
+
 fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, recompute: &[bool], state: &mut HyperState) -> Result<HyperRecord> {
     let start = Instant::now();
     let n = config.users_per_step.clamp(2, users.len());
@@ -187,12 +207,10 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
     };
     let lr = Schedule { lr, warmup: config.warmup, total: stage_steps, decay: config.decay }.lr_at(local);
     let mut params = state.net.params();
-    let frozen_heads = simcse.then(|| params[state.net.embedder_len()..].to_vec());
+    let kept: Vec<(usize, Tensor)> = frozen(&state.net, simcse, config.freeze_common).map(|i| (i, params[i].clone())).collect();
     state.adamw.update(&mut params, &grads, lr)?;
-    if let Some(heads) = frozen_heads {
-        // 1a trains the embedder only: weight decay must not touch the heads.
-        params.truncate(state.net.embedder_len());
-        params.extend(heads);
+    for (i, t) in kept {
+        params[i] = t;
     }
     state.net.set_params(params)?;
     state.step += 1;
