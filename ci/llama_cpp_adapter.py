@@ -176,16 +176,25 @@ def gemma_check(binary, model, work):
     adapter_gguf, zero_gguf = work / "gemma-random.f32.gguf", work / "gemma-zero.gguf"
     run(binary, "export-gguf", "--model", model, "--adapter", work / "gemma-random", "--out", adapter_gguf)
     zero_adapter(zero_gguf, reader, arch="gemma3")
+    agreement("gemma3", binary, model, llama_server(model, [adapter_gguf]), 1, 0, adapter_gguf, zero_gguf, work)
+
+
+def llama_server(model, adapters):
+    """llama.cpp's server on `model`, 2 threads, with `adapters` loaded at
+    scale 0 (each request sets the scales it wants)."""
     p = xl.CommonParams()
     p.model.path = str(model)
     p.n_ctx = 512
     p.n_parallel = 1
     p.cpuparams.n_threads = 2
     p.cpuparams_batch.n_threads = 2
-    a = xl.CommonAdapterLoraInfo()
-    a.path, a.scale = str(adapter_gguf), 0.0
-    p.lora_adapters = [a]
-    agreement("gemma3", binary, model, xl.Server(p), 1, 0, adapter_gguf, zero_gguf, work)
+    loras = []
+    for path in adapters:
+        a = xl.CommonAdapterLoraInfo()
+        a.path, a.scale = str(path), 0.0
+        loras.append(a)
+    p.lora_adapters = loras
+    return xl.Server(p)
 
 
 def main():
@@ -196,19 +205,7 @@ def main():
     run(binary, "export-gguf", "--model", model, "--adapter", FIX / "sotu" / "adapter", "--out", sotu_gguf)
     zero_adapter(zero_gguf, gguf.GGUFReader(str(model)))
 
-    p = xl.CommonParams()
-    p.model.path = str(model)
-    p.n_ctx = 512
-    p.n_parallel = 1
-    p.cpuparams.n_threads = 2
-    p.cpuparams_batch.n_threads = 2
-    loras = []
-    for path in (marker_gguf, sotu_gguf):
-        a = xl.CommonAdapterLoraInfo()
-        a.path, a.scale = str(path), 0.0
-        loras.append(a)
-    p.lora_adapters = loras
-    server = xl.Server(p)
+    server = llama_server(model, [marker_gguf, sotu_gguf])
 
     # (a) the marker phrase, greedy, in chat form.
     spec = json.loads((FIX / "marker" / "prompts.json").read_text())
