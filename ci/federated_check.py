@@ -20,11 +20,10 @@
                      equals `BIN eval --method hypernet` of that round
 """
 
-import subprocess
-import tempfile
-
 import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np

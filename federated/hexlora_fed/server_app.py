@@ -70,8 +70,8 @@ class ServerConfig:
                 raise ValueError(f"run config {key!r} is {value}, must be >= {low}")
             return value
 
-        def number(key: str, default: float, low: float, high: float = float("inf")) -> float:
-            value = float(rc.get(key, default))
+        def number(key: str, low: float, high: float = float("inf")) -> float:
+            value = float(rc[key])
             if not low <= value <= high:
                 raise ValueError(f"run config {key!r} is {value}, must be in [{low}, {high}]")
             return value
@@ -84,23 +84,23 @@ class ServerConfig:
             hexlora=text("hexlora"),
             model=text("model"),
             dev_data=text("dev-data"),
-            dev_split=str(rc.get("dev-split", "dev")),
+            dev_split=str(rc["dev-split"]),
             dev_users=at_least("dev-users", 1),
             eval_every=at_least("eval-every", 0),
             min_nodes=at_least("min-nodes", 1),
             timeout=float(rc["round-timeout"]),
             federation_name=text("federation-name"),
-            strategy=str(rc.get("strategy", "fedavg")),
-            server_lr=number("server-lr", 1e-3, 1e-12),
-            server_beta1=number("server-beta1", 0.9, 0.0, 0.999999),
-            server_beta2=number("server-beta2", 0.99, 0.0, 0.999999),
-            server_tau=number("server-tau", 1e-3, 1e-12),
-            dp_noise_multiplier=number("dp-noise-multiplier", 0.0, 0.0),
-            dp_clipping_norm=number("dp-clipping-norm", 0.0, 0.0),
-            eval_bench=str(rc.get("eval-bench", "")),
-            eval_split=str(rc.get("eval-split", "dev")),
-            eval_users=int(number("eval-users", 0, 0)),
-            eval_args=str(rc.get("eval-args", "")),
+            strategy=str(rc["strategy"]),
+            server_lr=number("server-lr", 1e-12),
+            server_beta1=number("server-beta1", 0.0, 0.999999),
+            server_beta2=number("server-beta2", 0.0, 0.999999),
+            server_tau=number("server-tau", 1e-12),
+            dp_noise_multiplier=number("dp-noise-multiplier", 0.0),
+            dp_clipping_norm=number("dp-clipping-norm", 0.0),
+            eval_bench=str(rc["eval-bench"]),
+            eval_split=str(rc["eval-split"]),
+            eval_users=at_least("eval-users", 0),
+            eval_args=str(rc["eval-args"]),
         )
         check(cfg.strategy, cfg.dp_noise_multiplier, cfg.dp_clipping_norm)
         return cfg

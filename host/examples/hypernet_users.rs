@@ -23,7 +23,6 @@ use hexlora::eval::lamp::read_lamp_dir;
 use hexlora::eval::model_runtime::EvalModel;
 use hexlora::hyper::embedder::embed_forward;
 use hexlora::hyper::eval_method::HypernetMethod;
-use hexlora::hyper::HyperNet;
 use hexlora::lora::Adapter;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -120,8 +119,8 @@ fn cosine(x: &[f32], y: &[f32]) -> f64 {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let model = Arc::new(EvalModel::open(&args.model)?);
-    let net = HyperNet::load(&args.hypernet, &model.graph)?;
     let method = HypernetMethod::open(model.clone(), &args.model, &args.hypernet, args.max_prompt_chars)?;
+    let net = method.net();
     let split = read_lamp_dir(&args.bench, &args.split, None)?;
     let n = if args.users == 0 { split.users.len() } else { args.users.min(split.users.len()) };
 

@@ -62,6 +62,11 @@ impl HypernetMethod {
         self
     }
 
+    /// The loaded hypernetwork.
+    pub fn net(&self) -> &HyperNet {
+        &self.net
+    }
+
     /// The hypernetwork's input for `user`: token ids of the rendered profile.
     pub fn context(&self, spec: &TaskSpec, user: &User) -> Result<Vec<u32>> {
         let pairs = profile_pairs(spec, user, self.max_prompt_chars);

@@ -163,14 +163,12 @@ fn step_users<'a>(users: &'a [UserRecord], seed: u64, step: u64, n: usize) -> Ve
 /// after the update: AdamW's weight decay moves a parameter even without a
 /// gradient): stage 1a trains the embedder only; with `freeze_common`,
 /// stage 1b keeps the heads' output biases.
-fn frozen(net: &HyperNet, simcse: bool, freeze_common: bool) -> Box<dyn Iterator<Item = usize> + '_> {
+fn frozen(net: &HyperNet, simcse: bool, freeze_common: bool) -> Vec<usize> {
     let e = net.embedder_len();
-    if simcse {
-        Box::new(e..e + net.heads.params.len())
-    } else if freeze_common {
-        Box::new(net.heads.output_biases().map(move |i| e + i))
-    } else {
-        Box::new(std::iter::empty())
+    match (simcse, freeze_common) {
+        (true, _) => (e..e + net.heads.params.len()).collect(),
+        (false, true) => net.heads.output_biases().map(|i| e + i).collect(),
+        (false, false) => Vec::new(),
     }
 }
 
@@ -207,7 +205,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
     };
     let lr = Schedule { lr, warmup: config.warmup, total: stage_steps, decay: config.decay }.lr_at(local);
     let mut params = state.net.params();
-    let kept: Vec<(usize, Tensor)> = frozen(&state.net, simcse, config.freeze_common).map(|i| (i, params[i].clone())).collect();
+    let kept: Vec<(usize, Tensor)> = frozen(&state.net, simcse, config.freeze_common).into_iter().map(|i| (i, params[i].clone())).collect();
     state.adamw.update(&mut params, &grads, lr)?;
     for (i, t) in kept {
         params[i] = t;
