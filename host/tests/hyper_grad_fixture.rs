@@ -1,9 +1,9 @@
 //! The hypernetwork's whole pipeline against an independent PyTorch (f64)
 //! implementation (`host/tests/fixtures/hyper/make_hyper_fixture.py`):
 //! bidirectional embedder with its LoRA, mean pooling, heads (parallel and
-//! shared trunk), generated LoRA on the frozen tiny Llama, CE + KL to an ICL
-//! teacher. Loss, embedding and the gradient of every parameter within 1e-4
-//! (per-tensor max-normalised).
+//! shared trunk, and parallel heads centred on a running mean), generated
+//! LoRA on the frozen tiny Llama, CE + KL to an ICL teacher. Loss, embedding
+//! and the gradient of every parameter within 1e-4 (per-tensor max-normalised).
 use hexlora::hyper::end_to_end::{user_loss_and_grads, E2eOptions, Example, UserBatch};
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
 use hexlora::lora::tensor_file::TensorFile;
@@ -23,7 +23,7 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     got.iter().zip(want).fold(0f64, |m, (g, w)| m.max((*g as f64 - *w as f64).abs())) / scale
 }
 
-fn config(variant: HeadVariant) -> HyperConfig {
+fn config(variant: HeadVariant, center: bool) -> HyperConfig {
     HyperConfig {
         embed_rank: 2,
         embed_alpha: 4.0,
@@ -34,6 +34,7 @@ fn config(variant: HeadVariant) -> HyperConfig {
         out_targets: ["q_proj", "v_proj", "o_proj"].map(String::from).to_vec(),
         bottleneck: 3,
         variant,
+        center,
         ..HyperConfig::default()
     }
 }
@@ -55,10 +56,10 @@ pub fn model() -> DecoderGraph {
     DecoderGraph::load(&src, ModelConfig::from_hf_json(src.config()).unwrap()).unwrap()
 }
 
-fn check(variant: HeadVariant, file: &str) {
+fn check(variant: HeadVariant, center: bool, file: &str) {
     let model = model();
     let expected = TensorFile::read(&dir().join(file)).unwrap();
-    let mut net = HyperNet::init(config(variant), &model, None, 0).unwrap();
+    let mut net = HyperNet::init(config(variant, center), &model, None, 0).unwrap();
     let names = net.param_names();
     assert_eq!(names.len() * 2 + 4, expected.tensors.len(), "{file}: parameter count");
     let params = names.iter().map(|n| expected.get(&format!("param/{n}"), file).unwrap().clone()).collect();
@@ -78,6 +79,11 @@ fn check(variant: HeadVariant, file: &str) {
     for (name, g) in names.iter().zip(&grads) {
         let want = expected.get(&format!("grad/{name}"), file).unwrap();
         assert_eq!(g.shape, want.shape, "{name}");
+        if name.starts_with("heads/center.") {
+            // A buffer: no gradient moves it (the reference writes zeros).
+            assert!(g.data.iter().chain(&want.data).all(|&v| v == 0.0), "{name}: a buffer got a gradient");
+            continue;
+        }
         assert!(want.data.iter().any(|&v| v != 0.0), "{name}: the reference gradient is zero, the test would prove nothing");
         let e = rel_err(&g.data, &want.data);
         eprintln!("{name}: {e:.2e}");
@@ -98,12 +104,17 @@ fn check(variant: HeadVariant, file: &str) {
 
 #[test]
 fn parallel_heads_pipeline_gradients_match_pytorch() {
-    check(HeadVariant::Parallel, "parallel.safetensors");
+    check(HeadVariant::Parallel, false, "parallel.safetensors");
+}
+
+#[test]
+fn centred_heads_pipeline_gradients_match_pytorch() {
+    check(HeadVariant::Parallel, true, "parallel-centered.safetensors");
 }
 
 #[test]
 fn shared_trunk_pipeline_gradients_match_pytorch() {
-    check(HeadVariant::SharedTrunk, "shared.safetensors");
+    check(HeadVariant::SharedTrunk, false, "shared.safetensors");
 }
 
 /// An untrained hypernetwork (W2 = 0) emits exactly the common LoRA it was
@@ -113,7 +124,7 @@ fn untrained_hypernetwork_reproduces_the_common_lora() {
     let model = model();
     let common = Adapter::load(&dir().join("common")).unwrap();
     for variant in [HeadVariant::Parallel, HeadVariant::SharedTrunk] {
-        let net = HyperNet::init(config(variant), &model, Some(&common), 3).unwrap();
+        let net = HyperNet::init(config(variant, false), &model, Some(&common), 3).unwrap();
         for context in [user().context, vec![1, 2, 3]] {
             let out = net.synthesize(&model, &context).unwrap();
             assert_eq!(out.modules.len(), common.modules.len());
@@ -134,7 +145,7 @@ fn pipeline_gradients_match_finite_differences() {
     let model = model();
     let common = Adapter::load(&dir().join("common")).unwrap();
     let expected = TensorFile::read(&dir().join("shared.safetensors")).unwrap();
-    let mut net = HyperNet::init(config(HeadVariant::SharedTrunk), &model, None, 0).unwrap();
+    let mut net = HyperNet::init(config(HeadVariant::SharedTrunk, false), &model, None, 0).unwrap();
     let names = net.param_names();
     net.set_params(names.iter().map(|n| expected.get(&format!("param/{n}"), "shared").unwrap().clone()).collect()).unwrap();
     let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4 };
@@ -163,4 +174,30 @@ fn pipeline_gradients_match_finite_differences() {
         checked += 1;
     }
     assert_eq!(checked, names.len());
+}
+
+/// The running centre after three steps of 2, 3 and 1 users is the
+/// exponential mean of the steps' user means with momentum 0.9 and Adam's
+/// bias correction, `sum_t m^(T-t) mean_t / sum_t m^(T-t)`, here in f64.
+#[test]
+fn centre_is_the_bias_corrected_running_mean() {
+    let model = model();
+    let mut net = HyperNet::init(config(HeadVariant::Parallel, true), &model, None, 0).unwrap();
+    let n = net.heads.specs.len() * net.heads.k;
+    let batch = |s: f64, users: usize| -> Vec<Vec<f64>> { (0..users).map(|u| (0..n).map(|i| ((i * 7 + u * 3) as f64 * s).sin()).collect()).collect() };
+    let steps = [batch(0.3, 2), batch(1.1, 3), batch(-0.7, 1)];
+    for b in &steps {
+        net.heads.update_center(&b.iter().map(|h| h.iter().map(|&v| v as f32).collect()).collect::<Vec<_>>());
+    }
+    let names = net.param_names();
+    let at = |name: &str| net.params()[names.iter().position(|n| n == name).unwrap()].data.clone();
+    let (sum, weight) = (at("heads/center.sum"), at("heads/center.weight")[0]);
+    let m = 0.9f64;
+    let decay: Vec<f64> = (0..3).map(|t| m.powi(2 - t)).collect();
+    for i in 0..n {
+        let mean = |b: &Vec<Vec<f64>>| b.iter().map(|h| h[i]).sum::<f64>() / b.len() as f64;
+        let want = steps.iter().zip(&decay).map(|(b, d)| d * mean(b)).sum::<f64>() / decay.iter().sum::<f64>();
+        let got = sum[i] as f64 / weight as f64;
+        assert!((got - want).abs() < 1e-5, "centre[{i}]: {got} vs {want}");
+    }
 }

@@ -102,6 +102,11 @@ pub struct Args {
     /// from) fixed in stage 1b: only what depends on the user trains.
     #[arg(long)]
     freeze_common: bool,
+    /// Centre the heads' coefficients on their running mean over the users
+    /// seen (out = b2 + W2 (h - c)): W2 learns only what differs between
+    /// users, the common part stays in b2.
+    #[arg(long)]
+    center: bool,
     /// Stage 1b peak learning rate, finite and > 0.
     #[arg(long, default_value_t = 1e-3, value_parser = positive)]
     lr: f32,
@@ -225,6 +230,7 @@ fn hyper_config(args: &Args, common: Option<&Adapter>) -> HyperConfig {
         variant: args.variant,
         context_tokens: args.context_tokens,
         base_model: args.model.display().to_string(),
+        center: args.center,
         ..HyperConfig::default()
     }
 }

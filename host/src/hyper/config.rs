@@ -43,6 +43,12 @@ pub struct HyperConfig {
     pub context_tokens: usize,
     /// Model the hypernetwork was built for (recorded in adapters).
     pub base_model: String,
+    /// The heads subtract a running population mean from their coefficients
+    /// (`out = b2 + W2 (h - c)`), so `W2` carries only what differs between
+    /// users and the common part stays in `b2`. Absent in networks saved
+    /// before it existed, which read as `false`.
+    #[serde(default)]
+    pub center: bool,
 }
 
 impl Default for HyperConfig {
@@ -61,6 +67,7 @@ impl Default for HyperConfig {
             template: "Input: {query}\nOutput: {response}\n\n".into(),
             context_tokens: 512,
             base_model: String::new(),
+            center: false,
         }
     }
 }

@@ -61,7 +61,7 @@ pub struct E2eOptions<'a> {
 }
 
 /// One user's loss (means over its target tokens).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct UserLoss {
     /// Token cross-entropy.
     pub ce: f64,
@@ -71,6 +71,8 @@ pub struct UserLoss {
     pub total: f64,
     /// Target tokens.
     pub tokens: usize,
+    /// The heads' coefficients for this user (what centred heads average).
+    pub coefficients: Vec<f32>,
 }
 
 /// Hidden states of the teacher for `ex`: `[len, hidden]` rows aligned with
@@ -142,5 +144,5 @@ pub fn user_loss_and_grads(model: &DecoderGraph, net: &HyperNet, user: &UserBatc
         g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d);
     }
     let n = tokens as f64;
-    Ok(UserLoss { ce: ce / n, kl: kl / n, total: (ce + opts.kl_weight as f64 * kl) / n, tokens })
+    Ok(UserLoss { ce: ce / n, kl: kl / n, total: (ce + opts.kl_weight as f64 * kl) / n, tokens, coefficients: cache.coefficients() })
 }

@@ -14,6 +14,14 @@
 //! `type_emb [T, k]` (T = module type x factor), one `W2` per module type,
 //! `b2` per head. `W2 = 0` at initialisation and `b2` holds a common LoRA, so
 //! an untrained hypernetwork emits exactly that LoRA.
+//!
+//! Centred heads (`HyperConfig::center`) emit `out = W2 (h - c) + b2`, where
+//! `c` is a running mean of every head's `h` over the users training has
+//! seen (a buffer: saved with the weights, moved by no gradient). Users'
+//! embeddings are alike (cosine 0.7-0.9), so an uncentred `h` is mostly its
+//! population mean and `W2` learned a second common LoRA from it
+//! (docs/results/hyper-diagnosis); centred, `W2` sees only what differs
+//! between users and the common part stays in `b2`.
 use super::config::HeadVariant;
 use crate::autograd::counter_rng;
 use crate::lora::{Adapter, LoraConfig, LoraModule};
@@ -66,12 +74,29 @@ pub struct Heads {
     pub names: Vec<String>,
     /// `(layer_emb, type_emb)` parameter indices in the shared trunk.
     trunk_emb: Option<(usize, usize)>,
+    /// `(center.sum [heads, k], center.weight [1])` indices of centred heads:
+    /// `c = sum / weight` (0 before the first update).
+    center: Option<(usize, usize)>,
 }
 
-/// What the forward saves for the backward: `z: [heads, k]`.
+/// What the forward saves for the backward: `z` and the centred
+/// coefficients `h - c` (`h` itself without a centre), both `[heads, k]`.
 pub struct HeadsCache {
     z: Vec<f32>,
+    centered: Vec<f32>,
 }
+
+impl HeadsCache {
+    /// Every head's coefficient vector `h = silu(z)`, `[heads * k]` (what
+    /// the running centre averages).
+    pub fn coefficients(&self) -> Vec<f32> {
+        self.z.iter().map(|&z| silu(z)).collect()
+    }
+}
+
+/// Weight of the old running mean in each step's update of the centre: about
+/// the last ten steps (40 users at 4 a step), so `c` follows `W1` as it trains.
+const CENTER_MOMENTUM: f32 = 0.9;
 
 fn layer_of(name: &str) -> usize {
     name.split('.').find_map(|p| p.parse().ok()).unwrap_or(0)
@@ -86,10 +111,17 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+#[inline]
+fn silu(z: f32) -> f32 {
+    z * sigmoid(z)
+}
+
 impl Heads {
     /// Builds heads for the `projections` targeted by `out` and fills `b2`
-    /// from `common` (its factors must match) or PEFT's default init.
-    pub fn new(variant: HeadVariant, embed_dim: usize, k: usize, out: &LoraConfig, projections: &[ProjectionInfo], common: Option<&Adapter>, seed: u64) -> Result<Heads> {
+    /// from `common` (its factors must match) or PEFT's default init;
+    /// `center` adds the running-mean buffers (after every other parameter).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(variant: HeadVariant, embed_dim: usize, k: usize, out: &LoraConfig, projections: &[ProjectionInfo], common: Option<&Adapter>, center: bool, seed: u64) -> Result<Heads> {
         let init = match common {
             Some(c) => {
                 if c.config.r != out.r {
@@ -99,7 +131,7 @@ impl Heads {
             }
             None => Adapter::init(out.clone(), projections, counter_rng::derive(seed, 1))?,
         };
-        let mut heads = Heads { variant, embed_dim, k, specs: Vec::new(), params: Vec::new(), names: Vec::new(), trunk_emb: None };
+        let mut heads = Heads { variant, embed_dim, k, specs: Vec::new(), params: Vec::new(), names: Vec::new(), trunk_emb: None, center: None };
         let mut kinds: Vec<(String, Factor)> = Vec::new();
         let targeted: Vec<&ProjectionInfo> = projections.iter().filter(|p| out.targets(&p.name)).collect();
         for p in &targeted {
@@ -166,6 +198,12 @@ impl Heads {
         if heads.specs.is_empty() {
             return Err(Error::invalid("out_targets", format!("{:?} match no projection of the model", out.target_modules)));
         }
+        if center {
+            let n = heads.specs.len();
+            let sum = heads.push("center.sum", vec![n, k], vec![0.0; n * k]);
+            let weight = heads.push("center.weight", vec![1], vec![0.0]);
+            heads.center = Some((sum, weight));
+        }
         Ok(heads)
     }
 
@@ -192,17 +230,53 @@ impl Heads {
         if e.len() != self.embed_dim {
             return Err(Error::Shape { what: "hypernetwork embedding".into(), expected: vec![self.embed_dim], got: vec![e.len()] });
         }
-        let mut cache = HeadsCache { z: Vec::with_capacity(self.specs.len() * self.k) };
+        let len = self.specs.len() * self.k;
+        let mut cache = HeadsCache { z: Vec::with_capacity(len), centered: Vec::with_capacity(len) };
         let mut outs = Vec::with_capacity(self.specs.len());
         for (j, s) in self.specs.iter().enumerate() {
             let z = self.pre_activation(j, e);
-            let h: Vec<f32> = z.iter().map(|&z| z * sigmoid(z)).collect();
+            let h = self.centered(j, z.iter().map(|&z| silu(z)).collect());
             let (w2, b2) = (&self.params[s.w2].data, &self.params[s.b2].data);
             let out: Vec<f32> = b2.iter().enumerate().map(|(n, &b)| b + dot(&w2[n * self.k..(n + 1) * self.k], &h)).collect();
             outs.push(Tensor { shape: s.shape.to_vec(), data: out });
             cache.z.extend(z);
+            cache.centered.extend(h);
         }
         Ok((outs, cache))
+    }
+
+    /// `h - c` of head `j` (`h` without a centre).
+    fn centered(&self, j: usize, mut h: Vec<f32>) -> Vec<f32> {
+        if let Some((sum, weight)) = self.center {
+            let w = self.params[weight].data[0];
+            if w > 0.0 {
+                let c = &self.params[sum].data[j * self.k..][..self.k];
+                h.iter_mut().zip(c).for_each(|(h, c)| *h -= c / w);
+            }
+        }
+        h
+    }
+
+    /// Folds one step's coefficients (one [`HeadsCache::coefficients`] per
+    /// user) into the running centre: `sum <- m sum + (1 - m) mean(h)`,
+    /// `weight <- m weight + (1 - m)`, so `c = sum / weight` is an
+    /// exponential mean with Adam's bias correction (exact after one step).
+    /// Without a centre it does nothing.
+    pub fn update_center(&mut self, coefficients: &[Vec<f32>]) {
+        let (Some((sum, weight)), false) = (self.center, coefficients.is_empty()) else { return };
+        let (m, n) = (CENTER_MOMENTUM, coefficients.len() as f32);
+        for (i, s) in self.params[sum].data.iter_mut().enumerate() {
+            let mean = coefficients.iter().map(|h| h[i]).sum::<f32>() / n;
+            *s = m * *s + (1.0 - m) * mean;
+        }
+        let w = &mut self.params[weight].data[0];
+        *w = m * *w + (1.0 - m);
+    }
+
+    /// Indices into `params` of the buffers no gradient step may move (the
+    /// centre); empty without one.
+    pub fn buffers(&self) -> Vec<usize> {
+        self.center.map(|(sum, weight)| vec![sum, weight]).unwrap_or_default()
     }
 
     /// Given `douts` (one per head, like the forward's outputs), adds the
@@ -213,7 +287,8 @@ impl Heads {
         let mut de = vec![0.0f32; self.embed_dim];
         for (j, (s, dout)) in self.specs.iter().zip(douts).enumerate() {
             let z = &cache.z[j * k..(j + 1) * k];
-            let h: Vec<f32> = z.iter().map(|&z| z * sigmoid(z)).collect();
+            // c is a constant of the step: dW2 takes h - c, dh = W2^T dout.
+            let h = &cache.centered[j * k..(j + 1) * k];
             grads[s.b2].data.iter_mut().zip(&dout.data).for_each(|(g, d)| *g += d);
             let w2 = &self.params[s.w2].data;
             let mut dh = vec![0.0f32; k];
@@ -223,7 +298,7 @@ impl Heads {
                     continue;
                 }
                 let row = n * k..(n + 1) * k;
-                dw2[row.clone()].iter_mut().zip(&h).for_each(|(g, h)| *g += d * h);
+                dw2[row.clone()].iter_mut().zip(h).for_each(|(g, h)| *g += d * h);
                 dh.iter_mut().zip(&w2[row]).for_each(|(g, w)| *g += d * w);
             }
             // silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)

@@ -64,7 +64,7 @@ impl HyperNet {
         config.check()?;
         let projections = model.projections();
         let embedder = Adapter::init(config.embed_lora(), &projections, counter_rng::derive(seed, 7))?;
-        let heads = Heads::new(config.variant, model.config().hidden_size, config.bottleneck, &config.out_lora(), &projections, common, counter_rng::derive(seed, 8))?;
+        let heads = Heads::new(config.variant, model.config().hidden_size, config.bottleneck, &config.out_lora(), &projections, common, config.center, counter_rng::derive(seed, 8))?;
         Ok(HyperNet { config, embedder, heads })
     }
 

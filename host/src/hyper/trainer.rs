@@ -161,14 +161,16 @@ fn step_users<'a>(users: &'a [UserRecord], seed: u64, step: u64, n: usize) -> Ve
 
 /// Indices into [`HyperNet::params`] a step leaves as they are (put back
 /// after the update: AdamW's weight decay moves a parameter even without a
-/// gradient): stage 1a trains the embedder only; with `freeze_common`,
-/// stage 1b keeps the heads' output biases.
+/// gradient): stage 1a trains the embedder only; stage 1b never moves the
+/// heads' buffers (the centre has its own update) and, with
+/// `freeze_common`, keeps the heads' output biases.
 fn frozen(net: &HyperNet, simcse: bool, freeze_common: bool) -> Vec<usize> {
     let e = net.embedder_len();
+    let buffers = net.heads.buffers().into_iter().map(|i| e + i);
     match (simcse, freeze_common) {
         (true, _) => (e..e + net.heads.params.len()).collect(),
-        (false, true) => net.heads.output_biases().map(|i| e + i).collect(),
-        (false, false) => Vec::new(),
+        (false, true) => buffers.chain(net.heads.output_biases().map(|i| e + i)).collect(),
+        (false, false) => buffers.collect(),
     }
 }
 
@@ -178,6 +180,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
     let picks = step_users(users, state.seed, state.step, n);
     let mut grads = state.net.zero_grads();
     let simcse = state.step < config.simcse_steps;
+    let mut coefficients = Vec::new();
     let (loss, ce, kl) = if simcse {
         (simcse_step(model, enc, &picks, recompute, state, &mut grads)?, 0.0, 0.0)
     } else {
@@ -192,6 +195,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
             loss += l.total / n as f64;
             ce += l.ce / n as f64;
             kl += l.kl / n as f64;
+            coefficients.push(l.coefficients);
         }
         (loss, ce, kl)
     };
@@ -211,6 +215,9 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
         params[i] = t;
     }
     state.net.set_params(params)?;
+    // The centre moves after the update, from the coefficients the step's
+    // loss was computed with (a constant within each step).
+    state.net.heads.update_center(&coefficients);
     state.step += 1;
     let stage = if simcse { Stage::Simcse } else { Stage::EndToEnd };
     Ok(HyperRecord { step: state.step, stage, loss, ce, kl, lr, grad_norm, seconds: start.elapsed().as_secs_f64() })
