@@ -13,11 +13,13 @@
 //!   signals, energy);
 //! - [`eval`]: benchmarks, metrics, methods; [`hyper`]: the hypernetwork;
 //! - [`serve`]: the OpenAI-compatible server (stage 3, personalized inference);
-//! - [`cli`]: the `hexlora` subcommands; [`bench_support`]: the clock and CPU
-//!   name of the speed benchmarks in `host/examples/`.
+//! - [`bench_support`]: the clock and CPU name of the speed benchmarks in
+//!   `host/examples/`.
+//!
+//! The `hexlora` subcommands are the binary's (`src/cli/`, declared in
+//! `main.rs`): a change to the command line rebuilds only the binary.
 pub mod autograd;
 pub mod bench_support;
-pub mod cli;
 pub mod error;
 pub mod eval;
 pub mod hyper;

@@ -1,6 +1,9 @@
-//! The `hexlora` command line. Each subcommand lives in `cli/<name>.rs`.
+//! The `hexlora` command line. Each subcommand lives in `cli/<name>.rs`;
+//! everything they run is the `hexlora` library's.
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    hexlora::cli::main()
+    cli::main()
 }
 
 /// `_dl_find_object` for the static musl binary (`ci/build-aarch64.sh

@@ -2,14 +2,14 @@
 //! the value parsers every numeric option is checked with when parsed (its
 //! help states the rule), and the one device vocabulary of every command
 //! that can put frozen products on the DSP.
-use crate::lora::LoraConfig;
-use crate::npu::TransportKind;
-use crate::optim::adamw::AdamWConfig;
-use crate::optim::schedule::{Decay, Schedule};
-use crate::train::trainer::TrainConfig;
-use crate::hyper::{HeadVariant, WeightsDtype};
-use crate::lora::gguf_adapter::OutType;
-use crate::model::cpu_projection::FrozenDtype;
+use hexlora::lora::LoraConfig;
+use hexlora::npu::TransportKind;
+use hexlora::optim::adamw::AdamWConfig;
+use hexlora::optim::schedule::{Decay, Schedule};
+use hexlora::train::trainer::TrainConfig;
+use hexlora::hyper::{HeadVariant, WeightsDtype};
+use hexlora::lora::gguf_adapter::OutType;
+use hexlora::model::cpu_projection::FrozenDtype;
 use clap::builder::{PossibleValue, PossibleValuesParser, RangedU64ValueParser, TypedValueParser};
 use std::path::{Path, PathBuf};
 

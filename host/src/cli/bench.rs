@@ -1,5 +1,5 @@
 //! `hexlora bench build --out DIR`: the bundled benchmarks from packaged text.
-use crate::eval::bench::{self, mail, quotes, sotu};
+use hexlora::eval::bench::{self, mail, quotes, sotu};
 use std::path::{Path, PathBuf};
 
 /// Build the bundled benchmarks.

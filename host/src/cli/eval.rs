@@ -1,16 +1,16 @@
 //! `hexlora eval`: run one method on one benchmark split, one result file
 //! per temperature of the sweep.
 use super::args::{non_negative, positive, u64_in, usize_in, MAX_TOKENS};
-use crate::eval::baselines;
-use crate::eval::dataset::Split;
-use crate::eval::harness;
-use crate::eval::lamp::read_lamp_dir;
-use crate::eval::longlamp::{read_longlamp, LongLampTask};
-use crate::eval::method::{Decoding, Method};
-use crate::eval::model_methods::{self, Budget, ModelMethodConfig};
-use crate::eval::model_runtime::{EvalModel, LabelScore};
-use crate::eval::progress::Progress;
-use crate::hyper::eval_method as hyper_eval;
+use hexlora::eval::baselines;
+use hexlora::eval::dataset::Split;
+use hexlora::eval::harness;
+use hexlora::eval::lamp::read_lamp_dir;
+use hexlora::eval::longlamp::{read_longlamp, LongLampTask};
+use hexlora::eval::method::{Decoding, Method};
+use hexlora::eval::model_methods::{self, Budget, ModelMethodConfig};
+use hexlora::eval::model_runtime::{EvalModel, LabelScore};
+use hexlora::eval::progress::Progress;
+use hexlora::hyper::eval_method as hyper_eval;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -169,7 +169,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
     let positions = model.model.config.max_position_embeddings;
     for (flag, v) in [("--max-len", m.max_len), ("--max-new-tokens", args.max_new_tokens)] {
         if v >= positions {
-            return Err(crate::Error::invalid(flag, format!("{v} leaves no room in the model's {positions} positions (max_position_embeddings)")).into());
+            return Err(hexlora::Error::invalid(flag, format!("{v} leaves no room in the model's {positions} positions (max_position_embeddings)")).into());
         }
     }
     let cfg = ModelMethodConfig {
@@ -212,12 +212,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ("none", _) | (_, None) => None,
         (name, Some(_)) => Some(load(&args, name)?),
     };
-    std::fs::create_dir_all(&args.out).map_err(|e| crate::Error::io(&args.out, e))?;
+    std::fs::create_dir_all(&args.out).map_err(|e| hexlora::Error::io(&args.out, e))?;
     let decodings = Decoding::sweep(&args.temperature, args.max_new_tokens, args.seed);
     let mut method = method_by_name(&args.method, &args, &split.spec.name)?;
     let result_path = |t: f32| args.out.join(format!("{}-{}-{}-T{t}.json", split.spec.name, method.name(), args.split));
     if let Some(p) = args.temperature.iter().map(|&t| result_path(t)).find(|p| p.exists()).filter(|_| !args.force) {
-        return Err(crate::Error::invalid(format!("--out {}", args.out.display()), format!("already holds {}; pass --force to overwrite it, or choose another --out", p.display())).into());
+        return Err(hexlora::Error::invalid(format!("--out {}", args.out.display()), format!("already holds {}; pass --force to overwrite it, or choose another --out", p.display())).into());
     }
     let progress_path = args.out.join(format!("{}-{}-{}.progress.jsonl", split.spec.name, method.name(), args.split));
     let fingerprint = harness::fingerprint(method.as_ref(), &split, &args.split, &decodings);
@@ -227,9 +227,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             eprintln!("resuming: {} of {} users done in {}", p.len(), split.users.len(), progress_path.display());
             p
         }
-        (false, true) => return Err(crate::Error::invalid("--resume", format!("{} holds no progress to resume", progress_path.display())).into()),
+        (false, true) => return Err(hexlora::Error::invalid("--resume", format!("{} holds no progress to resume", progress_path.display())).into()),
         (true, false) if !args.force => {
-            return Err(crate::Error::invalid(
+            return Err(hexlora::Error::invalid(
                 format!("--out {}", args.out.display()),
                 format!("holds {}, the progress of an interrupted run: pass --resume to continue it, or --force to start over", progress_path.display()),
             )
@@ -251,6 +251,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     // every result is written: the progress has served
-    std::fs::remove_file(progress.path()).map_err(|e| crate::Error::io(progress.path(), e))?;
+    std::fs::remove_file(progress.path()).map_err(|e| hexlora::Error::io(progress.path(), e))?;
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! `hexlora export-gguf`: a PEFT adapter (or a GGUF one, re-encoded) as a
 //! llama.cpp LoRA adapter file for the given base model.
 use super::args::{choices, OUT_TYPES};
-use crate::lora::gguf_adapter::{export, OutType};
-use crate::lora::Adapter;
-use crate::model::checkpoint::Checkpoint;
+use hexlora::lora::gguf_adapter::{export, OutType};
+use hexlora::lora::Adapter;
+use hexlora::model::checkpoint::Checkpoint;
 use anyhow::Context;
 use std::path::PathBuf;
 

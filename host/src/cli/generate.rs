@@ -3,11 +3,11 @@
 //! file) applied beside the frozen weights; the prompt wrapped in the
 //! model's chat template, output streamed as it is produced.
 use super::args::{finite, fraction, non_negative, usize_in, MAX_TOKENS};
-use crate::lora::Adapter;
-use crate::model::assistant::{Assistant, Request};
-use crate::model::chat::Message;
-use crate::model::checkpoint::Checkpoint;
-use crate::model::generate::Sampling;
+use hexlora::lora::Adapter;
+use hexlora::model::assistant::{Assistant, Request};
+use hexlora::model::chat::Message;
+use hexlora::model::checkpoint::Checkpoint;
+use hexlora::model::generate::Sampling;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use std::io::Write;
@@ -53,7 +53,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let positions = ckpt.config.max_position_embeddings;
-    let too_many = |room: String| Err(crate::Error::invalid("--max-tokens", format!("{} {room} in the model's {positions} positions (max_position_embeddings)", args.max_tokens)).into());
+    let too_many = |room: String| Err(hexlora::Error::invalid("--max-tokens", format!("{} {room} in the model's {positions} positions (max_position_embeddings)", args.max_tokens)).into());
     // A prompt holds at least one token: refused before the model is loaded.
     if args.max_tokens >= positions {
         return too_many("leaves no room for a prompt".into());

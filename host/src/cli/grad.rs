@@ -11,20 +11,20 @@
 //! not a multiple of 32 is kept FP16 instead, and anything the service
 //! refuses outright stays on the CPU. The vocabulary head is always on the
 //! CPU. What went where is printed.
-use crate::lora::tensor_file::TensorFile;
-use crate::lora::Adapter;
-use crate::model::checkpoint::Checkpoint;
+use hexlora::lora::tensor_file::TensorFile;
+use hexlora::lora::Adapter;
+use hexlora::model::checkpoint::Checkpoint;
 use super::args::Device;
-use crate::model::cpu_projection::FrozenDtype;
-use crate::model::decoder::{cpu_projection, ProjectionFactory};
-use crate::model::source::RawTensor;
-use crate::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy};
-use crate::projection::{Projection, ProjectionInfo};
-use crate::tensor::Tensor;
-use crate::train::data::Bounds;
-use crate::train::grad::compute_grads;
-use crate::train::graph::{Batch, GraphOptions, TrainableModel};
-use crate::Error;
+use hexlora::model::cpu_projection::FrozenDtype;
+use hexlora::model::decoder::{cpu_projection, ProjectionFactory};
+use hexlora::model::source::RawTensor;
+use hexlora::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy};
+use hexlora::projection::{Projection, ProjectionInfo};
+use hexlora::tensor::Tensor;
+use hexlora::train::data::Bounds;
+use hexlora::train::grad::compute_grads;
+use hexlora::train::graph::{Batch, GraphOptions, TrainableModel};
+use hexlora::Error;
 use anyhow::Context;
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut out = r.grads;
     out.tensors.insert("loss".into(), Tensor::from_vec(&[1], vec![r.loss])?);
     out.tensors.insert("logits".into(), r.logits.context("compute_grads returned no logits although they were requested")?);
-    crate::train::atomic_write::write_atomic(&args.out, &TensorFile::to_bytes(&out)?)?;
+    hexlora::train::atomic_write::write_atomic(&args.out, &TensorFile::to_bytes(&out)?)?;
     println!("loss {:.6}  ({} adapter tensors) -> {}", r.loss, out.tensors.len() - 2, args.out.display());
     Ok(())
 }
@@ -117,7 +117,7 @@ fn npu_projection(
     routes: &RefCell<Routes>,
     info: ProjectionInfo,
     raw: &RawTensor<'_>,
-) -> crate::Result<Arc<dyn Projection>> {
+) -> hexlora::Result<Arc<dyn Projection>> {
     let mut precision = policy.for_kind(info.kind);
     loop {
         match client.load_weight(info.clone(), raw, precision) {
@@ -142,6 +142,6 @@ fn npu_projection(
 
 /// The training graph of the checkpoint's architecture, frozen
 /// projections built by `make`, embeddings and head in f32.
-fn open_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>) -> crate::Result<Box<dyn TrainableModel>> {
-    crate::train::trainable_with(ckpt, make, FrozenDtype::F32, false)
+fn open_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>) -> hexlora::Result<Box<dyn TrainableModel>> {
+    hexlora::train::trainable_with(ckpt, make, FrozenDtype::F32, false)
 }

@@ -1,20 +1,20 @@
 //! `hexlora hypertrain`: trains the LoRA-synthesizing hypernetwork for a
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
-use crate::hyper::trainer::{hypertrain, hypertrain_from, HyperRun, HyperTrainConfig, StartFrom};
-use crate::train::learner::{claim_out_dir, AfterStep};
+use hexlora::hyper::trainer::{hypertrain, hypertrain_from, HyperRun, HyperTrainConfig, StartFrom};
+use hexlora::train::learner::{claim_out_dir, AfterStep};
 use super::args::{choices, module_names, non_negative, positive, u64_in, usize_in, HEAD_VARIANTS, MAX_TOKENS, WEIGHTS_DTYPES};
-use crate::eval::lamp::read_lamp_dir;
-use crate::hyper::commit::HyperState;
-use crate::hyper::heldout::HeldOutSet;
-use crate::hyper::users::{load_users, split_users, UserRecord};
-use crate::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
-use crate::lora::Adapter;
-use crate::optim::adamw::AdamWConfig;
-use crate::optim::schedule::Decay;
-use crate::model::checkpoint::Checkpoint;
-use crate::model::llama::DecoderGraph;
-use crate::train::text_encoder::ModelText;
+use hexlora::eval::lamp::read_lamp_dir;
+use hexlora::hyper::commit::HyperState;
+use hexlora::hyper::heldout::HeldOutSet;
+use hexlora::hyper::users::{load_users, split_users, UserRecord};
+use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
+use hexlora::lora::Adapter;
+use hexlora::optim::adamw::AdamWConfig;
+use hexlora::optim::schedule::Decay;
+use hexlora::model::checkpoint::Checkpoint;
+use hexlora::model::llama::DecoderGraph;
+use hexlora::train::text_encoder::ModelText;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `hexlora hypertrain`.
@@ -206,7 +206,7 @@ impl Shard {
         let (from, to) = (self.index * n / self.count, (self.index + 1) * n / self.count);
         if to - from < 2 {
             let msg = format!("{}/{} holds {} of the {n} users; a shard needs at least two (in-batch negatives)", self.index, self.count, to - from);
-            return Err(crate::Error::invalid("--shard", msg).into());
+            return Err(hexlora::Error::invalid("--shard", msg).into());
         }
         users.truncate(to);
         Ok(users.split_off(from))
@@ -258,7 +258,7 @@ fn train_config(args: &Args) -> HyperTrainConfig {
 /// Runs `hexlora hypertrain`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.simcse_steps + args.steps == 0 {
-        return Err(crate::Error::invalid("--steps", "0 with --simcse-steps 0: nothing to train").into());
+        return Err(hexlora::Error::invalid("--steps", "0 with --simcse-steps 0: nothing to train").into());
     }
     let (users, dev) = users_of(&args)?;
     claim_out_dir(&args.out, &["hypernet", BEST_DIR, "metrics.jsonl", "loss.svg", "heldout.jsonl", "worker.json"], args.force)?;
@@ -266,7 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let positions = ckpt.config.max_position_embeddings;
     for (flag, v) in [("--max-len", args.max_len), ("--context-tokens", args.context_tokens)] {
         if v > positions {
-            return Err(crate::Error::invalid(flag, format!("{v} is more than the model's {positions} positions (max_position_embeddings)")).into());
+            return Err(hexlora::Error::invalid(flag, format!("{v} is more than the model's {positions} positions (max_position_embeddings)")).into());
         }
     }
     let model = DecoderGraph::load(ckpt.tensors(), ckpt.config.clone())?;
@@ -279,7 +279,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let train = train_config(&args);
     let total = train.simcse_steps + train.e2e_steps;
     if args.start_step > total {
-        return Err(crate::Error::invalid("--start-step", format!("{} is past the run's {total} steps (--simcse-steps + --steps)", args.start_step)).into());
+        return Err(hexlora::Error::invalid("--start-step", format!("{} is past the run's {total} steps (--simcse-steps + --steps)", args.start_step)).into());
     }
     let heldout = match dev.is_empty() {
         true => None,
@@ -299,7 +299,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let first = |stage| state.history.iter().find(|r| r.stage == stage).map(|r| r.loss);
     let last = |stage| state.history.iter().rev().find(|r| r.stage == stage).map(|r| r.loss);
-    use crate::hyper::commit::Stage;
+    use hexlora::hyper::commit::Stage;
     for (name, stage) in [("simcse", Stage::Simcse), ("end-to-end", Stage::EndToEnd)] {
         if let (Some(a), Some(b)) = (first(stage), last(stage)) {
             println!("{name} loss: first {a:.4} last {b:.4}");
@@ -329,7 +329,7 @@ fn write_worker_outputs(out: &Path, state: &HyperState, users: &[UserRecord], st
         "examples": users.iter().map(|u| u.examples.len()).sum::<usize>(),
         "loss": loss,
     });
-    crate::train::atomic_write::write_atomic(&out.join("worker.json"), format!("{summary}\n").as_bytes())?;
+    hexlora::train::atomic_write::write_atomic(&out.join("worker.json"), format!("{summary}\n").as_bytes())?;
     Ok(())
 }
 
@@ -358,7 +358,7 @@ impl HeldOut {
     /// LoRA's loss and the untrained network's (step 0).
     #[allow(clippy::too_many_arguments)]
     fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, resume: bool, step: u64) -> anyhow::Result<Self> {
-        let set = HeldOutSet::new(text, fresh, dev, crate::autograd::counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
+        let set = HeldOutSet::new(text, fresh, dev, hexlora::autograd::counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
         std::fs::create_dir_all(out)?;
         let best_dir = out.join(BEST_DIR);
         let best = if resume { best_so_far(&best_dir)? } else { None };
@@ -372,15 +372,15 @@ impl HeldOut {
         Ok(h)
     }
 
-    fn record(&self, model: &DecoderGraph, net: &HyperNet, step: u64) -> crate::Result<()> {
+    fn record(&self, model: &DecoderGraph, net: &HyperNet, step: u64) -> hexlora::Result<()> {
         use std::io::Write;
         let loss = self.set.hypernet_loss(model, net)?;
         if self.best.get().is_none_or(|b| loss < b) {
             keep_best(net, &self.best_dir, step, loss)?;
             self.best.set(Some(loss));
         }
-        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| crate::Error::io(&self.path, e))?;
-        writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| crate::Error::io(&self.path, e))?;
+        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| hexlora::Error::io(&self.path, e))?;
+        writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| hexlora::Error::io(&self.path, e))?;
         eprintln!("held-out loss at step {step}: {loss:.4}");
         Ok(())
     }
@@ -391,30 +391,30 @@ const BEST_DIR: &str = "hypernet-best";
 
 /// Replaces `best_dir` with `net` at `step`: written whole into a sibling
 /// directory first, so a crash leaves the previous best or the new one.
-fn keep_best(net: &HyperNet, best_dir: &Path, step: u64, loss: f64) -> crate::Result<()> {
+fn keep_best(net: &HyperNet, best_dir: &Path, step: u64, loss: f64) -> hexlora::Result<()> {
     let tmp = best_dir.with_extension("tmp");
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| crate::Error::io(&tmp, e))?;
+        std::fs::remove_dir_all(&tmp).map_err(|e| hexlora::Error::io(&tmp, e))?;
     }
     net.save(&tmp)?;
     let json = serde_json::json!({"step": step, "heldout_loss": loss});
-    crate::train::atomic_write::write_atomic(&tmp.join("best.json"), format!("{json}\n").as_bytes())?;
+    hexlora::train::atomic_write::write_atomic(&tmp.join("best.json"), format!("{json}\n").as_bytes())?;
     if best_dir.exists() {
-        std::fs::remove_dir_all(best_dir).map_err(|e| crate::Error::io(best_dir, e))?;
+        std::fs::remove_dir_all(best_dir).map_err(|e| hexlora::Error::io(best_dir, e))?;
     }
-    std::fs::rename(&tmp, best_dir).map_err(|e| crate::Error::io(best_dir, e))
+    std::fs::rename(&tmp, best_dir).map_err(|e| hexlora::Error::io(best_dir, e))
 }
 
 /// The held-out loss of the kept best network on resume (a crash between
 /// the two steps of [`keep_best`] leaves it complete in the sibling).
-fn best_so_far(best_dir: &Path) -> crate::Result<Option<f64>> {
+fn best_so_far(best_dir: &Path) -> hexlora::Result<Option<f64>> {
     let tmp = best_dir.with_extension("tmp");
     if !best_dir.exists() && tmp.join("best.json").exists() {
-        std::fs::rename(&tmp, best_dir).map_err(|e| crate::Error::io(best_dir, e))?;
+        std::fs::rename(&tmp, best_dir).map_err(|e| hexlora::Error::io(best_dir, e))?;
     }
     let path = best_dir.join("best.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| crate::Error::invalid(path.display().to_string(), e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| hexlora::Error::invalid(path.display().to_string(), e.to_string()))?;
     Ok(v["heldout_loss"].as_f64())
 }
 

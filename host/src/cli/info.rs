@@ -1,7 +1,7 @@
 //! `hexlora info`: what this build is and which kernel runs each family of
 //! products on this CPU (the same detection the products use).
-use crate::ops::bf16_matmul::Kernel;
-use crate::ops::matmul::unpacked_tiles_name;
+use hexlora::ops::bf16_matmul::Kernel;
+use hexlora::ops::matmul::unpacked_tiles_name;
 
 /// Prints the version, target, CPU features seen and the kernels chosen.
 pub fn run() -> anyhow::Result<()> {
@@ -9,14 +9,14 @@ pub fn run() -> anyhow::Result<()> {
     println!("target: {}-{}", std::env::consts::ARCH, std::env::consts::OS);
     println!("cpu features: {}", features().join(" "));
     println!("frozen products, bf16 weights: {}", Kernel::detect().name());
-    println!("frozen products, f32 weights: {}", crate::model::cpu_projection::f32_products_name());
+    println!("frozen products, f32 weights: {}", hexlora::model::cpu_projection::f32_products_name());
     println!(
         "decoding's products (up to {} rows, straight from Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks or f32): {} lanes",
-        crate::model::cpu_projection::FEW_TOKENS,
-        crate::ops::quant_matvec::Build::detect().name()
+        hexlora::model::cpu_projection::FEW_TOKENS,
+        hexlora::ops::quant_matvec::Build::detect().name()
     );
     println!("LoRA branch and attention products: {} tiles", unpacked_tiles_name());
-    println!("row kernels (exp, softmax, RMSNorm, RoPE, SwiGLU): {}", crate::ops::activation::SimdBuild::detect().name());
+    println!("row kernels (exp, softmax, RMSNorm, RoPE, SwiGLU): {}", hexlora::ops::activation::SimdBuild::detect().name());
     Ok(())
 }
 
@@ -32,7 +32,7 @@ fn features() -> Vec<&'static str> {
         check!("avx2", "fma", "f16c", "avx512f", "avx512bf16");
         // CPUID and the kernel's grant of the tile state (std's detection
         // of AMX is not stable)
-        if crate::ops::bf16_matmul::amx_available() {
+        if hexlora::ops::bf16_matmul::amx_available() {
             seen.push("amx-bf16");
         }
     }

@@ -87,7 +87,7 @@ fn die_quietly_on_closed_stdout() {
 
 /// Parses arguments, runs the subcommand, prints errors in one line.
 pub fn main() -> ExitCode {
-    crate::runtime::allocator::keep_freed_memory();
+    hexlora::runtime::allocator::keep_freed_memory();
     die_quietly_on_closed_stdout();
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {

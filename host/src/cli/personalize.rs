@@ -2,13 +2,13 @@
 //! line. Prints what was planned, trains (rerun the same command to resume
 //! after a stop), prints the report.
 use super::args::{Device, OptimDefaults, TrainingArgs};
-use crate::npu::PrecisionPolicy;
-use crate::runtime::energy::EnergyRoots;
-use crate::runtime::nightly::NightlyJob;
-use crate::runtime::pacing::{PacingConfig, ThermalSource};
-use crate::runtime::plan_cache;
-use crate::runtime::planner::Buckets;
-use crate::runtime::signals::StopRequest;
+use hexlora::npu::PrecisionPolicy;
+use hexlora::runtime::energy::EnergyRoots;
+use hexlora::runtime::nightly::NightlyJob;
+use hexlora::runtime::pacing::{PacingConfig, ThermalSource};
+use hexlora::runtime::plan_cache;
+use hexlora::runtime::planner::Buckets;
+use hexlora::runtime::signals::StopRequest;
 use std::path::PathBuf;
 use std::time::Duration;
 

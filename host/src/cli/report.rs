@@ -1,6 +1,6 @@
 //! `hexlora report`: result JSON files -> markdown table + PNG plots.
-use crate::eval::report::write_report;
-use crate::eval::result::RunResult;
+use hexlora::eval::report::write_report;
+use hexlora::eval::result::RunResult;
 use std::path::PathBuf;
 
 /// Turn result files into a markdown report with plots.
@@ -27,7 +27,7 @@ fn parse_named(s: &str) -> Result<(String, PathBuf), String> {
 
 /// Reads every result and writes the report.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let results = args.results.iter().map(|p| RunResult::read(p)).collect::<crate::Result<Vec<_>>>()?;
+    let results = args.results.iter().map(|p| RunResult::read(p)).collect::<hexlora::Result<Vec<_>>>()?;
     let path = write_report(&args.out, &results, Some(&args.baseline), &args.metrics)?;
     println!("{}", path.display());
     Ok(())

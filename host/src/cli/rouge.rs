@@ -1,6 +1,6 @@
 //! `hexlora rouge --pairs FILE.jsonl`: rouge-score-identical F-measures.
-use crate::eval::rouge::score_jsonl;
-use crate::Error;
+use hexlora::eval::rouge::score_jsonl;
+use hexlora::Error;
 use std::io::BufReader;
 use std::path::PathBuf;
 

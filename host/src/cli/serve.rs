@@ -1,5 +1,5 @@
 //! `hexlora serve`: an OpenAI-compatible HTTP server answering with the
-//! base model or a user's LoRA adapter (see [`crate::serve`]).
+//! base model or a user's LoRA adapter (see [`hexlora::serve`]).
 use std::path::PathBuf;
 
 /// Arguments of `hexlora serve`.
@@ -37,7 +37,7 @@ fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    crate::serve::run(crate::serve::Config {
+    hexlora::serve::run(hexlora::serve::Config {
         model: args.model,
         adapters: args.adapter,
         host: args.host,

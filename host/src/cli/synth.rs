@@ -1,13 +1,13 @@
 //! `hexlora synth`: stage 2, on device. One forward pass of the
 //! hypernetwork turns a user's example pairs into a PEFT adapter; the
 //! hypernetwork files are not needed afterwards.
-use crate::hyper::users::{load_pairs, render_context};
-use crate::hyper::HyperNet;
-use crate::lora::peft::{CONFIG_FILE, WEIGHTS_FILE};
-use crate::train::learner::claim_out_dir;
-use crate::model::checkpoint::Checkpoint;
-use crate::model::llama::DecoderGraph;
-use crate::train::text_encoder::ModelText;
+use hexlora::hyper::users::{load_pairs, render_context};
+use hexlora::hyper::HyperNet;
+use hexlora::lora::peft::{CONFIG_FILE, WEIGHTS_FILE};
+use hexlora::train::learner::claim_out_dir;
+use hexlora::model::checkpoint::Checkpoint;
+use hexlora::model::llama::DecoderGraph;
+use hexlora::train::text_encoder::ModelText;
 use anyhow::Context;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -42,9 +42,9 @@ fn peak_rss_mib() -> Option<f64> {
 /// Runs `hexlora synth`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let start = Instant::now();
-    let config_path = args.hypernet.join(crate::hyper::hypernet::CONFIG_FILE);
+    let config_path = args.hypernet.join(hexlora::hyper::hypernet::CONFIG_FILE);
     let config_text = std::fs::read_to_string(&config_path).with_context(|| config_path.display().to_string())?;
-    let config: crate::hyper::HyperConfig = serde_json::from_str(&config_text).with_context(|| config_path.display().to_string())?;
+    let config: hexlora::hyper::HyperConfig = serde_json::from_str(&config_text).with_context(|| config_path.display().to_string())?;
     let model_path = args.model.unwrap_or_else(|| PathBuf::from(&config.base_model));
     let ckpt = Checkpoint::open(&model_path).with_context(|| format!("model {} (pass --model)", model_path.display()))?;
     let model = DecoderGraph::load(ckpt.tensors(), ckpt.config.clone())?;

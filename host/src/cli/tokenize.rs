@@ -1,8 +1,8 @@
 //! `hexlora tokenize`: the token ids a model's tokenizer gives a text (raw,
 //! or wrapped in the chat template as a user message), as a JSON array, for
 //! token-id training data and for comparing against other tools.
-use crate::model::chat::Message;
-use crate::model::checkpoint::Checkpoint;
+use hexlora::model::chat::Message;
+use hexlora::model::checkpoint::Checkpoint;
 use anyhow::Context;
 use std::path::PathBuf;
 

@@ -1,18 +1,18 @@
 //! `hexlora train`: LoRA fine-tuning from JSONL into a PEFT adapter, with
 //! commits after every optimizer step and `--resume`.
 use super::args::{choices, positive, OptimDefaults, TrainingArgs, FROZEN_DTYPES};
-use crate::lora::{Adapter, LoraConfig};
-use crate::model::checkpoint::Checkpoint;
-use crate::model::cpu_projection::FrozenDtype;
-use crate::optim::mezo::Mezo;
-use crate::train::commit::{StepRecord, TrainState};
-use crate::train::data::{load_jsonl, Bounds, Encoder};
-use crate::train::graph::{Batch, TrainableModel};
-use crate::train::grad::evaluate;
-use crate::train::learner::{claim_out_dir, AfterStep, ADAPTER_RUN_OUTPUTS};
-use crate::train::mezo_loop::{self, train_mezo, MezoConfig, MezoState};
-use crate::train::text_encoder::ModelText;
-use crate::train::trainer::{train, RunOptions, TrainConfig};
+use hexlora::lora::{Adapter, LoraConfig};
+use hexlora::model::checkpoint::Checkpoint;
+use hexlora::model::cpu_projection::FrozenDtype;
+use hexlora::optim::mezo::Mezo;
+use hexlora::train::commit::{StepRecord, TrainState};
+use hexlora::train::data::{load_jsonl, Bounds, Encoder};
+use hexlora::train::graph::{Batch, TrainableModel};
+use hexlora::train::grad::evaluate;
+use hexlora::train::learner::{claim_out_dir, AfterStep, ADAPTER_RUN_OUTPUTS};
+use hexlora::train::mezo_loop::{self, train_mezo, MezoConfig, MezoState};
+use hexlora::train::text_encoder::ModelText;
+use hexlora::train::trainer::{train, RunOptions, TrainConfig};
 use anyhow::Context;
 use std::path::PathBuf;
 
@@ -98,7 +98,7 @@ struct Opened {
 fn open(args: &Args) -> anyhow::Result<Opened> {
     let d = &args.training.data;
     let ckpt = Checkpoint::open(&d.model).with_context(|| format!("loading {}", d.model.display()))?;
-    let model = crate::train::trainable(&ckpt, args.frozen_dtype, args.no_fuse)?;
+    let model = hexlora::train::trainable(&ckpt, args.frozen_dtype, args.no_fuse)?;
     // Token-id JSONL needs no tokenizer; text JSONL fails with a clear error without one.
     let text = ModelText::of(&ckpt).ok();
     let enc = text.as_ref().map(|t| t as &dyn Encoder);
@@ -108,7 +108,7 @@ fn open(args: &Args) -> anyhow::Result<Opened> {
         eprintln!("skipped {skipped} examples with no completion tokens left after truncation");
     }
     let eval = args.eval_data.as_ref().map(|p| load_jsonl(p, enc, d.max_len, bounds).map(|r| r.0)).transpose()?;
-    crate::train::trainer::check_grad_accum(args.training.optim.grad_accum, data.len())?;
+    hexlora::train::trainer::check_grad_accum(args.training.optim.grad_accum, data.len())?;
     let mut config = args.training.config(data.len(), &DEFAULTS);
     let init = match &args.init_adapter {
         Some(p) => {
@@ -125,7 +125,7 @@ fn open(args: &Args) -> anyhow::Result<Opened> {
 /// Runs `hexlora train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.profile {
-        crate::autograd::profile::enable();
+        hexlora::autograd::profile::enable();
     }
     let o = open(&args)?;
     claim_out_dir(&args.out, ADAPTER_RUN_OUTPUTS, args.force)?;
@@ -140,11 +140,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(init) = &o.init {
-        if crate::train::commit::has_commit(&args.out) {
+        if hexlora::train::commit::has_commit(&args.out) {
             anyhow::bail!("{} already holds a run: --resume it, or give --init-adapter a new --out", args.out.display());
         }
         std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
-        crate::train::trainer::commit_start(init, &o.config, &o.data, &args.out)?;
+        hexlora::train::trainer::commit_start(init, &o.config, &o.data, &args.out)?;
     }
     let started = std::time::Instant::now();
     let (history, adapter, tokens_here) = train_with(&args, &o).map_err(|e| explain_non_finite(e, &args.training.data.model))?;
@@ -156,7 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("peak RSS MiB: {rss:.0}");
     }
     if args.profile {
-        print!("{}", crate::autograd::profile::table());
+        print!("{}", hexlora::autograd::profile::table());
     }
     Ok(())
 }
@@ -195,7 +195,7 @@ fn train_with(args: &Args, o: &Opened) -> anyhow::Result<(Vec<StepRecord>, Adapt
 /// model at `model` hold one (the adapter, options and data are checked
 /// before training; the weights are scanned only after this error).
 pub(super) fn explain_non_finite(e: anyhow::Error, model: &std::path::Path) -> anyhow::Error {
-    if !matches!(e.downcast_ref::<crate::Error>(), Some(crate::Error::NonFinite(_))) {
+    if !matches!(e.downcast_ref::<hexlora::Error>(), Some(hexlora::Error::NonFinite(_))) {
         return e;
     }
     match Checkpoint::open(model).ok().and_then(|c| c.first_non_finite()) {

@@ -118,7 +118,7 @@ pub(crate) use simd_fn;
 
 /// The build of its body a [`simd_fn!`] kernel runs on this CPU.
 #[derive(Clone, Copy)]
-pub(crate) enum SimdBuild {
+pub enum SimdBuild {
     /// Compiled with AVX-512F.
     #[cfg(target_arch = "x86_64")]
     Avx512,
@@ -132,7 +132,7 @@ pub(crate) enum SimdBuild {
 impl SimdBuild {
     /// The widest build this CPU has.
     #[inline(always)]
-    pub(crate) fn detect() -> SimdBuild {
+    pub fn detect() -> SimdBuild {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
@@ -146,7 +146,7 @@ impl SimdBuild {
     }
 
     /// Its name (`hexlora info`).
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             #[cfg(target_arch = "x86_64")]
             SimdBuild::Avx512 => "avx512f",
