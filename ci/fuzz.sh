@@ -9,6 +9,8 @@
 #   bash ci/fuzz.sh [SECONDS] [TARGET...]
 #   FUZZ_RUNS=1000000 bash ci/fuzz.sh 36000    # the long pass: 10^6 executions
 #                                              # per target (or SECONDS, if sooner)
+#   FUZZ_FORK=2 ...                            # libFuzzer's fork mode: that many
+#                                              # worker processes share the runs
 #
 # Installs cargo-fuzz when missing. cargo-fuzz passes nightly flags
 # (-Zsanitizer=address); RUSTC_BOOTSTRAP=1 lets the stable toolchain take
@@ -60,10 +62,13 @@ for t in "${targets[@]}"; do
     rc=0 start=$SECONDS
     runs=()
     [ -z "${FUZZ_RUNS:-}" ] || runs=(-runs="$FUZZ_RUNS")
+    [ -z "${FUZZ_FORK:-}" ] || runs+=(-fork="$FUZZ_FORK")
     # -timeout: an input running 10 s is a hang; the regression inputs run first.
     (cd fuzz && cargo fuzz run "$t" "corpus/$t" "regressions/$t" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "${runs[@]}") >"$log" 2>&1 || rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    # Fork mode prints no final stats; its progress lines start "#RUNS: cov:".
+    [ -n "$execs" ] || execs=$(sed -n 's/^#\([0-9]*\): cov:.*/\1/p' "$log" | tail -n 1)
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
     crashes=$(grep -c '^==[0-9]*==ERROR\|panicked at\|deadly signal' "$log" || true)
     hangs=$(grep -c 'ERROR: libFuzzer: timeout' "$log" || true)
