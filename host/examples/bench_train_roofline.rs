@@ -2,8 +2,8 @@
 //! costs in the frozen layer projections (from the checkpoint's sizes), and
 //! the ceiling of the bf16 kernel this CPU runs: its inner instruction on
 //! operands in registers or L1, on every rayon thread at once (AMX: the
-//! `TDPBF16PS` products alone; the portable kernel: its AVX2 4x16 FMA
-//! tile). `ci/bench-train.sh` divides the frozen products' FLOP by the
+//! `TDPBF16PS` products alone; AVX512-BF16: its 8x32 `VDPBF16PS` tile,
+//! packed operands in L1; the portable kernel: its AVX2 4x16 FMA tile). `ci/bench-train.sh` divides the frozen products' FLOP by the
 //! `proj+lora` time of its profile and prints both.
 //!
 //! ```text
@@ -34,6 +34,7 @@ fn main() -> hexlora::Result<()> {
 fn per_thread_what(kernel: Kernel) -> &'static str {
     match kernel {
         Kernel::Amx => "TDPBF16PS alone, tiles in registers",
+        Kernel::Avx512Bf16 => "8x32 VDPBF16PS tile, operands in L1",
         _ => "AVX2 4x16 FMA tile, operands in L1",
     }
 }
@@ -56,6 +57,13 @@ fn ceiling_per_thread(kernel: Kernel) -> Option<f64> {
             let at = buf.as_ptr().align_offset(64).min(32);
             let s = best_ms(5, || kernel_bench::amx_tile_loop(&buf[at..], &buf[at..], kp, reps, 1)) * 1e-3;
             Some(2.0 * (32 * 32 * kp * reps) as f64 / s * 1e-9)
+        }
+        Kernel::Avx512Bf16 => {
+            // 128 pairs: a 16 KiB panel and a 4 KiB sliver, both in L1.
+            let mut tile = kernel_bench::Avx512Bf16Tile::new(128)?;
+            let reps = 20_000;
+            let s = best_ms(5, || tile.run(reps)) * 1e-3;
+            Some((tile.flop() * reps) as f64 / s * 1e-9)
         }
         Kernel::Portable => {
             let (k, reps) = (256, 20_000);
