@@ -34,6 +34,13 @@ BIN=${CARGO_TARGET_DIR:-target}/release/hexlora
 ROOFLINE=${CARGO_TARGET_DIR:-target}/release/examples/bench_decode_roofline
 PY="$VENV/bin/python"
 tmp=$(mktemp -d)
+# The VM's stolen CPU time (the hypervisor running others on these cores)
+# over the whole run, printed last: it is what makes rounds disagree.
+steal0=$(awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
+steal_line() {
+  awk -v a="$steal0" '/^cpu /{split(a, s, " "); t = $2+$3+$4+$5+$6+$7+$8+$9 - s[2]
+    printf "steal: %.1f%% of CPU time during the run (/proc/stat)\n", (t > 0 ? 100 * ($9 - s[1]) / t : 0)}' /proc/stat
+}
 trap 'rm -rf "$tmp"' EXIT
 
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), threads $THREADS"
@@ -100,6 +107,7 @@ echo "per-round generate ratios:$gen_ratios; prompt ratios:$prompt_ratios"
 # file (the tied embedding is the head; its lookup reads one row).
 mb=$(( $(stat -c %s "$MODEL") / 1000000 ))
 read_gbs=$(sed -nE 's/^memory read: ([0-9.]+) GB\/s.*/\1/p' "$tmp/roofline.txt")
+steal_line
 echo "roofline: decoding reads ~$mb MB of weights a token; at the median rates hexlora $(median <<< "$hex_gen") tok/s = $(awk -v m="$mb" -v t="$(median <<< "$hex_gen")" 'BEGIN { printf "%.1f", m * t / 1000 }') GB/s, llama.cpp $(median <<< "$llama_gen") tok/s = $(awk -v m="$mb" -v t="$(median <<< "$llama_gen")" 'BEGIN { printf "%.1f", m * t / 1000 }') GB/s, of the $read_gbs GB/s this machine reads"
 echo "generate tok/s ratio hexlora/llama.cpp: $(median <<< "$gen_ratios")"
 echo "prompt tok/s ratio hexlora/llama.cpp: $(median <<< "$prompt_ratios")"

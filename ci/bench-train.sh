@@ -6,7 +6,8 @@
 # per-node time tables, a roofline line (the frozen products' GFLOP/s
 # against the bf16 kernel's instruction ceiling), and finally
 #   train tok/s ratio hexlora/pytorch: X
-# Env: THREADS (2), STEPS (6), ROUNDS (3), PYTHON (/work/venv/bin/python), MODEL.
+# Env: THREADS (2), STEPS (6), ROUNDS (3), MODEL, PYTHON (/work/venv/bin/python:
+# an interpreter with torch, transformers, peft and gguf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -18,6 +19,13 @@ MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 cargo build --release -q -p hexlora --bin hexlora
 BIN=${CARGO_TARGET_DIR:-target}/release/hexlora
 tmp=$(mktemp -d)
+# The VM's stolen CPU time (the hypervisor running others on these cores)
+# over the whole run, printed last: it is what makes rounds disagree.
+steal0=$(awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
+steal_line() {
+  awk -v a="$steal0" '/^cpu /{split(a, s, " "); t = $2+$3+$4+$5+$6+$7+$8+$9 - s[2]
+    printf "steal: %.1f%% of CPU time during the run (/proc/stat)\n", (t > 0 ? 100 * ($9 - s[1]) / t : 0)}' /proc/stat
+}
 trap 'rm -rf "$tmp"' EXIT
 
 # STEPS sequences of 256 token ids: the content does not change the cost.
@@ -45,7 +53,10 @@ hex_run f32 0
 cat "$tmp/hex-f32-0.txt"
 
 have_pt=0
-"$PY" -c 'import torch, peft, transformers' 2>/dev/null && have_pt=1
+# gguf: transformers reads the GGUF checkpoint with it.
+"$PY" -c 'import torch, peft, transformers, gguf' 2>/dev/null && have_pt=1
+[ "$have_pt" = 1 ] || echo "PyTorch side skipped: $PY lacks one of torch, peft, transformers, gguf (no ratio is printed)"
+
 ratios=""
 for round in $(seq 1 "$ROUNDS"); do
   echo "== round $round: hexlora frozen bf16 ($THREADS threads)"
@@ -56,7 +67,8 @@ for round in $(seq 1 "$ROUNDS"); do
   : > "$tmp/pt-$round.txt"
   for dtype in ${pt_dtypes:-float32 bfloat16}; do
     echo "== round $round: pytorch+peft $dtype ($THREADS threads)"
-    OMP_NUM_THREADS=$THREADS "$PY" ci/bench_train_pytorch.py "$MODEL" "$tmp/data.jsonl" "$STEPS" "$THREADS" "$dtype" 2>/dev/null | tee -a "$tmp/pt-$round.txt"
+    OMP_NUM_THREADS=$THREADS "$PY" ci/bench_train_pytorch.py "$MODEL" "$tmp/data.jsonl" "$STEPS" "$THREADS" "$dtype" 2>"$tmp/pt.err" | tee -a "$tmp/pt-$round.txt" \
+      || { echo "bench-train: the PyTorch $dtype run failed:" >&2; tail -n 5 "$tmp/pt.err" >&2; exit 1; }
   done
   best=$(awk '/^pytorch/ { if ($4 > b) b = $4 } END { print b }' "$tmp/pt-$round.txt")
   if [ "$round" = 1 ]; then
@@ -85,6 +97,7 @@ else
   echo "roofline: frozen products $gflops GFLOP/s in round 1 (proj+lora $proj_s s for $STEPS x 256 tokens); no ceiling measured for this kernel"
 fi
 
+steal_line
 echo "hexlora train tok/s: f32 $(awk '/^train tok\/s:/ { print $3 }' "$tmp/hex-f32-0.txt"), bf16 per round$(for f in "$tmp"/hex-bf16-*.txt; do awk '/^train tok\/s:/ { printf " %s", $3 }' "$f"; done)"
 if [ -n "$ratios" ]; then
   echo "per-round ratios:$ratios"
