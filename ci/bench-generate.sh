@@ -34,13 +34,7 @@ BIN=${CARGO_TARGET_DIR:-target}/release/hexlora
 ROOFLINE=${CARGO_TARGET_DIR:-target}/release/examples/bench_decode_roofline
 PY="$VENV/bin/python"
 tmp=$(mktemp -d)
-# The VM's stolen CPU time (the hypervisor running others on these cores)
-# over the whole run, printed last: it is what makes rounds disagree.
-steal0=$(awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-steal_line() {
-  awk -v a="$steal0" '/^cpu /{split(a, s, " "); t = $2+$3+$4+$5+$6+$7+$8+$9 - s[2]
-    printf "steal: %.1f%% of CPU time during the run (/proc/stat)\n", (t > 0 ? 100 * ($9 - s[1]) / t : 0)}' /proc/stat
-}
+source ci/steal.sh
 trap 'rm -rf "$tmp"' EXIT
 
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), threads $THREADS"

@@ -19,13 +19,7 @@ MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 cargo build --release -q -p hexlora --bin hexlora
 BIN=${CARGO_TARGET_DIR:-target}/release/hexlora
 tmp=$(mktemp -d)
-# The VM's stolen CPU time (the hypervisor running others on these cores)
-# over the whole run, printed last: it is what makes rounds disagree.
-steal0=$(awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-steal_line() {
-  awk -v a="$steal0" '/^cpu /{split(a, s, " "); t = $2+$3+$4+$5+$6+$7+$8+$9 - s[2]
-    printf "steal: %.1f%% of CPU time during the run (/proc/stat)\n", (t > 0 ? 100 * ($9 - s[1]) / t : 0)}' /proc/stat
-}
+source ci/steal.sh
 trap 'rm -rf "$tmp"' EXIT
 
 # STEPS sequences of 256 token ids: the content does not change the cost.

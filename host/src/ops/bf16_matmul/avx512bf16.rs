@@ -35,27 +35,12 @@ pub(super) fn available() -> bool {
 
 /// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` bits.
 pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
-    // panel[p][j] = (W[n0 + j][2p], W[n0 + j][2p + 1]): row j of W read in
-    // order, written down column j (the fill is a transpose; row by row it
-    // reads each weight once and runs without per-element bounds checks,
-    // which made it a fifth of a Zen 4 training step before).
+    // panel[p][j] = (W[n0 + j][2p], W[n0 + j][2p + 1]): row j of W written
+    // down column j (a transpose; columns past `width` are zero).
     let fill = |n0: usize, width: usize, panel: &mut [u32]| {
         for j in 0..NR {
-            let column = panel[j..].iter_mut().step_by(NR);
-            if j >= width {
-                column.for_each(|d| *d = 0);
-                continue;
-            }
-            let row = &w[(n0 + j) * k..(n0 + j + 1) * k];
-            let (pairs, odd) = row.split_at(k & !1);
-            let mut column = column;
-            // (pairs first: zip stops on it without taking a cell)
-            for (two, d) in pairs.chunks_exact(2).zip(column.by_ref()) {
-                *d = two[0] as u32 | (two[1] as u32) << 16;
-            }
-            if let [last] = odd {
-                column.next().into_iter().for_each(|d| *d = *last as u32);
-            }
+            let row = if j < width { &w[(n0 + j) * k..(n0 + j + 1) * k] } else { &[][..] };
+            pairs_down(row, panel[j..].iter_mut().step_by(NR), |b| b);
         }
     };
     run(out, x, (tokens, k, n), &fill);
@@ -83,6 +68,24 @@ pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], 
     run(out, dy, (tokens, rows, cols), &fill);
 }
 
+/// Writes `row` down `cells` in pairs: `bits` of elements `2p` and `2p + 1`
+/// as cell `p`'s dword (low half first, as `VDPBF16PS` pairs them), an odd
+/// last element with a zero high half, and zero in the cells past the row.
+/// Read in order and without per-element bounds checks: the forward's
+/// panels and the activation's slivers both pack this way (indexed per
+/// element, it took a fifth of a Zen 4 training step).
+fn pairs_down<'a, T: Copy>(row: &[T], mut cells: impl Iterator<Item = &'a mut u32>, bits: impl Fn(T) -> u16) {
+    let (pairs, odd) = row.split_at(row.len() & !1);
+    // (pairs first: zip stops on it without taking a cell)
+    for (two, d) in pairs.chunks_exact(2).zip(cells.by_ref()) {
+        *d = bits(two[0]) as u32 | (bits(two[1]) as u32) << 16;
+    }
+    if let [last] = odd {
+        cells.next().into_iter().for_each(|d| *d = bits(*last) as u32);
+    }
+    cells.for_each(|d| *d = 0);
+}
+
 /// `out[m, n] = bf16(a[m, k]) B`, where `fill(n0, width, panel)` packs
 /// columns `n0 .. n0 + width` of B as `[pairs][NR]` dwords.
 fn run(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn Fn(usize, usize, &mut [u32]) + Sync)) {
@@ -97,21 +100,12 @@ fn run(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn
     let mut sliver_buf = SLIVERS.take();
     let slivers = grown(&mut sliver_buf, m.div_ceil(MR) * kp * MR);
     // sliver[s][p][r] = (bf16(a[s * MR + r][2p]), bf16(a[s * MR + r][2p + 1]))
-    // (row by row, as the forward's panel fill: rows past m are zero)
+    // (rows past m are zero)
     slivers.par_chunks_mut(kp * MR).enumerate().for_each(|(s, dst)| {
         for r in 0..MR {
             let row = s * MR + r;
             let src = if row < m { &a[row * k..(row + 1) * k] } else { &[][..] };
-            let (pairs, odd) = src.split_at(src.len() & !1);
-            let mut cells = dst[r..].iter_mut().step_by(MR);
-            for (two, d) in pairs.chunks_exact(2).zip(cells.by_ref()) {
-                *d = round_bits(two[0]) as u32 | (round_bits(two[1]) as u32) << 16;
-            }
-            // (only an odd row has a last half pair: the cell is taken then)
-            if let [last] = odd {
-                cells.next().into_iter().for_each(|d| *d = round_bits(*last) as u32);
-            }
-            cells.for_each(|d| *d = 0);
+            pairs_down(src, dst[r..].iter_mut().step_by(MR), round_bits);
         }
     });
     let slivers = &*slivers;
