@@ -1,11 +1,13 @@
 //! The hypernetwork's whole pipeline against an independent PyTorch (f64)
 //! implementation (`host/tests/fixtures/hyper/make_hyper_fixture.py`):
 //! bidirectional embedder with its LoRA, mean pooling, heads (parallel and
-//! shared trunk, and parallel heads centred on a running mean), generated
+//! shared trunk, parallel heads centred on a running mean, and centred,
+//! standardized heads behind pooling over marked context tokens), generated
 //! LoRA on the frozen tiny Llama, CE + KL to an ICL teacher. Loss, embedding
 //! and the gradient of every parameter within 1e-4 (per-tensor max-normalised).
 use hexlora::hyper::end_to_end::{user_loss_and_grads, E2eOptions, Example, UserBatch};
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
+use hexlora::hyper::users::Context;
 use hexlora::lora::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::model::config::ModelConfig;
@@ -24,6 +26,10 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
 }
 
 fn config(variant: HeadVariant, center: bool) -> HyperConfig {
+    config_std(variant, center, false)
+}
+
+fn config_std(variant: HeadVariant, center: bool, standardize: bool) -> HyperConfig {
     HyperConfig {
         embed_rank: 2,
         embed_alpha: 4.0,
@@ -35,11 +41,14 @@ fn config(variant: HeadVariant, center: bool) -> HyperConfig {
         bottleneck: 3,
         variant,
         center,
+        standardize,
         ..HyperConfig::default()
     }
 }
 
-fn user() -> UserBatch {
+/// The fixture's user; `pooled` marks the context tokens batch.json lists
+/// for the standardized variant (else every token is pooled).
+fn user_with(pooled: bool) -> UserBatch {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir().join("batch.json")).unwrap()).unwrap();
     let ids = |x: &serde_json::Value| -> Vec<u32> { x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect() };
     let examples = v["examples"]
@@ -48,7 +57,12 @@ fn user() -> UserBatch {
         .iter()
         .map(|e| Example { ids: ids(&e["ids"]), labels: e["labels"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect() })
         .collect();
-    UserBatch { context: ids(&v["context"]), examples, teacher_prefix: ids(&v["teacher_prefix"]) }
+    let marks = pooled.then(|| v["context_pooled"].as_array().unwrap().iter().map(|b| b.as_bool().unwrap()).collect());
+    UserBatch { context: Context { ids: ids(&v["context"]), pooled: marks }, examples, teacher_prefix: ids(&v["teacher_prefix"]) }
+}
+
+fn user() -> UserBatch {
+    user_with(false)
 }
 
 pub fn model() -> DecoderGraph {
@@ -57,9 +71,14 @@ pub fn model() -> DecoderGraph {
 }
 
 fn check(variant: HeadVariant, center: bool, file: &str) {
+    check_std(variant, center, false, file)
+}
+
+fn check_std(variant: HeadVariant, center: bool, standardize: bool, file: &str) {
     let model = model();
     let expected = TensorFile::read(&dir().join(file)).unwrap();
-    let mut net = HyperNet::init(config(variant, center), &model, None, 0).unwrap();
+    let mut net = HyperNet::init(config_std(variant, center, standardize), &model, None, 0).unwrap();
+    let user = || user_with(standardize);
     let names = net.param_names();
     assert_eq!(names.len() * 2 + 4, expected.tensors.len(), "{file}: parameter count");
     let params = names.iter().map(|n| expected.get(&format!("param/{n}"), file).unwrap().clone()).collect();
@@ -113,6 +132,11 @@ fn centred_heads_pipeline_gradients_match_pytorch() {
 }
 
 #[test]
+fn standardized_heads_and_marked_pooling_gradients_match_pytorch() {
+    check_std(HeadVariant::Parallel, true, true, "parallel-standardized.safetensors");
+}
+
+#[test]
 fn shared_trunk_pipeline_gradients_match_pytorch() {
     check(HeadVariant::SharedTrunk, false, "shared.safetensors");
 }
@@ -125,7 +149,7 @@ fn untrained_hypernetwork_reproduces_the_common_lora() {
     let common = Adapter::load(&dir().join("common")).unwrap();
     for variant in [HeadVariant::Parallel, HeadVariant::SharedTrunk] {
         let net = HyperNet::init(config(variant, false), &model, Some(&common), 3).unwrap();
-        for context in [user().context, vec![1, 2, 3]] {
+        for context in [user().context, Context::all(vec![1, 2, 3])] {
             let out = net.synthesize(&model, &context).unwrap();
             assert_eq!(out.modules.len(), common.modules.len());
             for m in &common.modules {
@@ -178,11 +202,12 @@ fn pipeline_gradients_match_finite_differences() {
 
 /// The running centre after three steps of 2, 3 and 1 users is the
 /// exponential mean of the steps' user means with momentum 0.9 and Adam's
-/// bias correction, `sum_t m^(T-t) mean_t / sum_t m^(T-t)`, here in f64.
+/// bias correction, `sum_t m^(T-t) mean_t / sum_t m^(T-t)`, here in f64;
+/// standardized heads keep the second moment `mean_t(h^2)` the same way.
 #[test]
 fn centre_is_the_bias_corrected_running_mean() {
     let model = model();
-    let mut net = HyperNet::init(config(HeadVariant::Parallel, true), &model, None, 0).unwrap();
+    let mut net = HyperNet::init(config_std(HeadVariant::Parallel, true, true), &model, None, 0).unwrap();
     let n = net.heads.specs.len() * net.heads.k;
     let batch = |s: f64, users: usize| -> Vec<Vec<f64>> { (0..users).map(|u| (0..n).map(|i| ((i * 7 + u * 3) as f64 * s).sin()).collect()).collect() };
     let steps = [batch(0.3, 2), batch(1.1, 3), batch(-0.7, 1)];
@@ -191,13 +216,15 @@ fn centre_is_the_bias_corrected_running_mean() {
     }
     let names = net.param_names();
     let at = |name: &str| net.params()[names.iter().position(|n| n == name).unwrap()].data.clone();
-    let (sum, weight) = (at("heads/center.sum"), at("heads/center.weight")[0]);
+    let (sum, weight, sumsq) = (at("heads/center.sum"), at("heads/center.weight")[0], at("heads/center.sumsq"));
     let m = 0.9f64;
     let decay: Vec<f64> = (0..3).map(|t| m.powi(2 - t)).collect();
     for i in 0..n {
-        let mean = |b: &Vec<Vec<f64>>| b.iter().map(|h| h[i]).sum::<f64>() / b.len() as f64;
-        let want = steps.iter().zip(&decay).map(|(b, d)| d * mean(b)).sum::<f64>() / decay.iter().sum::<f64>();
+        let mean = |b: &Vec<Vec<f64>>, p: i32| b.iter().map(|h| h[i].powi(p)).sum::<f64>() / b.len() as f64;
+        let running = |p: i32| steps.iter().zip(&decay).map(|(b, d)| d * mean(b, p)).sum::<f64>() / decay.iter().sum::<f64>();
         let got = sum[i] as f64 / weight as f64;
-        assert!((got - want).abs() < 1e-5, "centre[{i}]: {got} vs {want}");
+        assert!((got - running(1)).abs() < 1e-5, "centre[{i}]: {got} vs {}", running(1));
+        let got = sumsq[i] as f64 / weight as f64;
+        assert!((got - running(2)).abs() < 1e-5, "second moment[{i}]: {got} vs {}", running(2));
     }
 }

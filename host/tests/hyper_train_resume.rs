@@ -4,7 +4,7 @@
 //! reloads and synthesizes the same adapter, and bad state is refused.
 use hexlora::hyper::commit::Stage;
 use hexlora::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
-use hexlora::hyper::users::{Pair, UserRecord};
+use hexlora::hyper::users::{Context, Pair, UserRecord};
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
 use hexlora::model::config::ModelConfig;
 use hexlora::model::hf_dir::HfDir;
@@ -133,7 +133,7 @@ fn stopped_and_resumed_runs_are_bit_identical() {
     let model = model();
     let loaded = HyperNet::load(&whole.path().join("hypernet"), &model).unwrap();
     assert_eq!(bits(&loaded), bits(&a.net));
-    let ctx: Vec<u32> = (0..20).map(|i| (i * 5 % 64) as u32).collect();
+    let ctx = Context::all((0..20).map(|i| (i * 5 % 64) as u32).collect());
     assert_eq!(loaded.synthesize(&model, &ctx).unwrap(), a.net.synthesize(&model, &ctx).unwrap());
     // Training moved the heads away from their init (W2 = 0).
     let fresh = HyperNet::init(configs().0, &model, None, 1).unwrap();
@@ -160,7 +160,7 @@ fn centred_runs_resume_bit_identically() {
     let model = model();
     let loaded = HyperNet::load(&whole.path().join("hypernet"), &model).unwrap();
     assert!(loaded.config.center);
-    let ctx: Vec<u32> = (0..20).map(|i| (i * 5 % 64) as u32).collect();
+    let ctx = Context::all((0..20).map(|i| (i * 5 % 64) as u32).collect());
     assert_eq!(loaded.synthesize(&model, &ctx).unwrap(), a.net.synthesize(&model, &ctx).unwrap());
 }
 
@@ -171,7 +171,7 @@ fn bad_state_and_bad_input_are_refused_with_a_reason() {
     assert!(run(dir.path(), true, None).is_err());
     let model = model();
     let net = HyperNet::init(configs().0, &model, None, 0).unwrap();
-    let err = net.synthesize(&model, &[]).unwrap_err().to_string();
+    let err = net.synthesize(&model, &Context::all(vec![])).unwrap_err().to_string();
     assert!(err.contains("context"), "{err}");
     net.save(dir.path()).unwrap();
     let mut f = hexlora::lora::tensor_file::TensorFile::read(&dir.path().join("hypernet.safetensors")).unwrap();
@@ -194,14 +194,15 @@ fn user_split_is_disjoint_and_cuts_long_prompts_from_the_left() {
     user.examples.push(Pair { query: "x".repeat(100), response: "long".into() });
     let n = user.examples.len();
     for seed in 0..20 {
-        let b = sample_user(&ByteText, "Q {query} R {response};", 30, &user, seed, 2, 40).unwrap();
+        let cfg = HyperConfig { template: "Q {query} R {response};".into(), context_tokens: 30, ..HyperConfig::default() };
+        let b = sample_user(&ByteText, &cfg, &user, seed, 2, 40).unwrap();
         assert_eq!(b.examples.len(), 2);
         assert!(b.context.len() <= 30 && !b.context.is_empty());
         let scored: Vec<usize> = (0..n).filter(|&i| b.examples.contains(&render_example(&ByteText, &user.examples[i], 40).unwrap())).collect();
         assert_eq!(scored.len(), 2, "seed {seed}");
         for &i in &scored {
             let rendered = ByteText.encode(&format!("Q {} R {};", user.examples[i].query, user.examples[i].response)).unwrap();
-            assert!(!b.context.windows(rendered.len()).any(|w| w == rendered.as_slice()), "seed {seed}: scored example {i} also in the context");
+            assert!(!b.context.ids.windows(rendered.len()).any(|w| w == rendered.as_slice()), "seed {seed}: scored example {i} also in the context");
         }
     }
     // "<user>xxx...<assistant>" is 117 bytes, "long|" 5: 35 prompt bytes survive, the last ones.
@@ -210,6 +211,29 @@ fn user_split_is_disjoint_and_cuts_long_prompts_from_the_left() {
     assert_eq!(long.ids, want);
     assert_eq!(long.labels.iter().filter(|&&l| l >= 0).count(), 5);
     assert!(long.labels[..35].iter().all(|&l| l == -100));
+}
+
+/// `Pool::Responses` pools exactly the responses' bytes of the rendered
+/// context, `context_query_chars` keeps each query's last characters, and
+/// the budget cuts ids and marks alike (byte-level text: one token a byte).
+#[test]
+fn response_pooling_marks_exactly_the_responses() {
+    use hexlora::hyper::users::render_context;
+    use hexlora::hyper::Pool;
+    let pairs = [Pair { query: "abcdef".into(), response: "XY".into() }, Pair { query: "gh".into(), response: "Z".into() }];
+    let refs: Vec<&Pair> = pairs.iter().collect();
+    let mut cfg = HyperConfig { template: "Q {query} R {response};".into(), context_tokens: 100, context_query_chars: Some(3), pool: Pool::Responses, ..HyperConfig::default() };
+    let ctx = render_context(&ByteText, &cfg, &refs).unwrap();
+    let text = "Q def R XY;Q gh R Z;";
+    assert_eq!(ctx.ids, ByteText.encode(text).unwrap());
+    let marked: String = text.chars().zip(ctx.pooled.as_ref().unwrap()).filter(|(_, &m)| m).map(|(c, _)| c).collect();
+    assert_eq!(marked, "XYZ");
+    cfg.pool = Pool::Mean;
+    assert_eq!(render_context(&ByteText, &cfg, &refs).unwrap(), Context::all(ByteText.encode(text).unwrap()));
+    cfg.pool = Pool::Responses;
+    cfg.context_tokens = 9;
+    let cut = render_context(&ByteText, &cfg, &refs).unwrap();
+    assert_eq!((cut.ids.len(), cut.pooled.unwrap()), (9, [false; 8].into_iter().chain([true]).collect::<Vec<_>>()));
 }
 
 /// `freeze_common`: stage 1b leaves every head's output bias (the LoRA an

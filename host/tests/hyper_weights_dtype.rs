@@ -6,6 +6,7 @@
 use hexlora::autograd::counter_rng;
 use hexlora::eval::model_runtime::EvalModel;
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
+use hexlora::hyper::users::Context;
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::train::graph::TrainableModel;
 use std::path::Path;
@@ -59,7 +60,7 @@ fn f16_storage_halves_the_file_and_keeps_synthesis_within_the_bound() {
             }
         }
         for seed in 0..3u64 {
-            let ctx: Vec<u32> = (0..40).map(|i| (counter_rng::bits(seed, i) % 100) as u32).collect();
+            let ctx = Context::all((0..40).map(|i| (counter_rng::bits(seed, i) % 100) as u32).collect());
             let (la, lb) = (a.synthesize(&model.graph, &ctx).unwrap(), b.synthesize(&model.graph, &ctx).unwrap());
             for (ma, mb) in la.modules.iter().zip(&lb.modules) {
                 for (x, y) in [(&ma.a, &mb.a), (&ma.b, &mb.b)] {

@@ -7,7 +7,7 @@ use hexlora::npu::TransportKind;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};
 use hexlora::train::trainer::TrainConfig;
-use hexlora::hyper::{HeadVariant, WeightsDtype};
+use hexlora::hyper::{HeadVariant, Pool, WeightsDtype};
 use hexlora::lora::gguf_adapter::OutType;
 use hexlora::model::cpu_projection::FrozenDtype;
 use clap::builder::{PossibleValue, PossibleValuesParser, RangedU64ValueParser, TypedValueParser};
@@ -279,6 +279,12 @@ pub const OUT_TYPES: &[Choice<OutType>] = &[
 pub const HEAD_VARIANTS: &[Choice<HeadVariant>] = &[
     Choice { name: "parallel", value: HeadVariant::Parallel, help: "one 2-layer bottleneck MLP per (layer, module, A or B)" },
     Choice { name: "shared-trunk", value: HeadVariant::SharedTrunk, help: "one shared first layer plus layer and module-type embeddings" },
+];
+
+/// `--pool` of `hypertrain`.
+pub const POOLS: &[Choice<Pool>] = &[
+    Choice { name: "mean", value: Pool::Mean, help: "every context token" },
+    Choice { name: "responses", value: Pool::Responses, help: "the responses' tokens only (what the user wrote)" },
 ];
 
 /// `--weights-dtype` of `hypertrain`.

@@ -3,12 +3,12 @@
 //! commits after every step and `--resume`.
 use hexlora::hyper::trainer::{hypertrain, hypertrain_from, HyperRun, HyperTrainConfig, StartFrom};
 use hexlora::train::learner::{claim_out_dir, AfterStep};
-use super::args::{choices, module_names, non_negative, positive, u64_in, usize_in, HEAD_VARIANTS, MAX_TOKENS, WEIGHTS_DTYPES};
+use super::args::{choices, module_names, non_negative, positive, u64_in, usize_in, HEAD_VARIANTS, MAX_TOKENS, POOLS, WEIGHTS_DTYPES};
 use hexlora::eval::lamp::read_lamp_dir;
 use hexlora::hyper::commit::HyperState;
 use hexlora::hyper::heldout::HeldOutSet;
 use hexlora::hyper::users::{load_users, split_users, UserRecord};
-use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
+use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet, Pool, WeightsDtype};
 use hexlora::lora::Adapter;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::Decay;
@@ -107,6 +107,17 @@ pub struct Args {
     /// users, the common part stays in b2.
     #[arg(long)]
     center: bool,
+    /// With --center: also divide h - c by its running standard deviation,
+    /// so what differs between users reaches W2 at unit scale.
+    #[arg(long, requires = "center")]
+    standardize: bool,
+    /// Context tokens the embedding pools.
+    #[arg(long, value_parser = choices(POOLS), default_value = "mean")]
+    pool: Pool,
+    /// Cut each context query to its last N characters (N >= 1), so more
+    /// of a user's examples fit --context-tokens.
+    #[arg(long, value_parser = usize_in(1..=1 << 30))]
+    context_query_chars: Option<usize>,
     /// Stage 1b peak learning rate, finite and > 0.
     #[arg(long, default_value_t = 1e-3, value_parser = positive)]
     lr: f32,
@@ -231,6 +242,9 @@ fn hyper_config(args: &Args, common: Option<&Adapter>) -> HyperConfig {
         context_tokens: args.context_tokens,
         base_model: args.model.display().to_string(),
         center: args.center,
+        standardize: args.standardize,
+        pool: args.pool,
+        context_query_chars: args.context_query_chars,
         ..HyperConfig::default()
     }
 }

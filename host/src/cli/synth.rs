@@ -55,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = start.elapsed().as_secs_f64();
     let synth_start = Instant::now();
     let refs: Vec<_> = pairs.iter().collect();
-    let context = render_context(&text, &net.config.template, &refs, net.config.context_tokens)?;
+    let context = render_context(&text, &net.config, &refs)?;
     let adapter = net.synthesize(&model, &context)?;
     let synth = synth_start.elapsed().as_secs_f64();
     adapter.save(&args.out)?;

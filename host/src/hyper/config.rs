@@ -15,6 +15,19 @@ pub enum HeadVariant {
     SharedTrunk,
 }
 
+/// Which context tokens the embedder's mean pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pool {
+    /// Every token of the rendered context.
+    #[default]
+    Mean,
+    /// Only the tokens of the responses (what the user wrote): the queries
+    /// of a LaMP task repeat the task's instructions, which every user's
+    /// context shares, so an all-token mean is mostly the same for everyone.
+    Responses,
+}
+
 /// Hypernetwork hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HyperConfig {
@@ -49,6 +62,19 @@ pub struct HyperConfig {
     /// before it existed, which read as `false`.
     #[serde(default)]
     pub center: bool,
+    /// With `center`: the heads also divide `h - c` by a running standard
+    /// deviation, so the user-specific part of `h` reaches `W2` at unit
+    /// scale instead of the few percent of `h` it is. Absent = `false`.
+    #[serde(default)]
+    pub standardize: bool,
+    /// Which context tokens are pooled into the embedding. Absent = all.
+    #[serde(default)]
+    pub pool: Pool,
+    /// Each context query is cut to its last N characters (the personal
+    /// text ends the bundled prompts), so more of a user's examples fit the
+    /// token budget. Absent = whole queries.
+    #[serde(default)]
+    pub context_query_chars: Option<usize>,
 }
 
 impl Default for HyperConfig {
@@ -68,6 +94,9 @@ impl Default for HyperConfig {
             context_tokens: 512,
             base_model: String::new(),
             center: false,
+            standardize: false,
+            pool: Pool::Mean,
+            context_query_chars: None,
         }
     }
 }
@@ -84,6 +113,12 @@ impl HyperConfig {
         }
         if !self.template.contains("{query}") || !self.template.contains("{response}") {
             return Err(Error::invalid("template", "must contain {query} and {response}"));
+        }
+        if self.standardize && !self.center {
+            return Err(Error::invalid("standardize", "needs center (it scales h - c)"));
+        }
+        if self.context_query_chars == Some(0) {
+            return Err(Error::invalid("context_query_chars", "must be positive"));
         }
         if self.out_targets.is_empty() {
             return Err(Error::invalid("out_targets", "names no module"));

@@ -4,13 +4,15 @@
 //!
 //! ```text
 //! H = llm_bidirectional(context; embedder LoRA)     [T, E]  (on the tape)
-//! m = mean_t H[t]                                    [E]
+//! m = mean_{t pooled} H[t]                           [E]
 //! e = m / sqrt(mean(m^2) + eps)                      [E]
 //! ```
 //!
-//! The context is one unpadded sequence, so "non-pad tokens" are all of
-//! them. The pooling and normalisation sit outside the tape as a
-//! forward/backward pair; their gradient seeds the tape at `H`.
+//! The context is one unpadded sequence; the pooled rows are all of them or,
+//! with [`crate::hyper::Pool::Responses`], the responses' tokens only
+//! ([`Context::pooled`]). The pooling and normalisation sit outside the tape
+//! as a forward/backward pair; their gradient seeds the tape at `H`.
+use super::users::Context;
 use crate::autograd::{counter_rng, Tape, Var};
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
@@ -27,8 +29,8 @@ pub struct EmbedPass {
     hidden: Var,
     /// `(A, B)` vars of the embedder LoRA, in module order.
     factors: Vec<(Var, Var)>,
-    /// Rows of `H`.
-    tokens: usize,
+    /// Which rows of `H` were pooled (`None` = all).
+    pooled: Option<Vec<bool>>,
     /// `1 / sqrt(mean(m^2) + eps)`.
     rstd: f32,
     /// The user embedding `e: [E]`.
@@ -38,9 +40,13 @@ pub struct EmbedPass {
 /// Runs the embedder on `context` token ids. `dropout_seed` turns on the
 /// embedder LoRA's dropout (SimCSE views); `with_grad` records the tape for
 /// [`embed_backward`]. `recompute` as in [`DecoderGraph::hidden_states`].
-pub fn embed_forward(model: &DecoderGraph, lora: &Adapter, context: &[u32], dropout_seed: Option<u64>, with_grad: bool, recompute: &[bool]) -> Result<EmbedPass> {
+pub fn embed_forward(model: &DecoderGraph, lora: &Adapter, context: &Context, dropout_seed: Option<u64>, with_grad: bool, recompute: &[bool]) -> Result<EmbedPass> {
     if context.is_empty() {
         return Err(Error::invalid("hypernetwork context", "is empty (no example fits the token budget)"));
+    }
+    let pooled = context.pooled.as_deref();
+    if pooled.is_some_and(|p| p.len() != context.len() || !p.contains(&true)) {
+        return Err(Error::invalid("hypernetwork context", "has no response token within the token budget to pool"));
     }
     let mut tape = Tape::new();
     let mut factors = Vec::with_capacity(lora.modules.len());
@@ -59,36 +65,45 @@ pub fn embed_forward(model: &DecoderGraph, lora: &Adapter, context: &[u32], drop
         None => (0.0, 0),
     };
     let vars = LoraVars { factors: map, scaling: lora.config.scaling(), dropout, dropout_seed: seed };
-    let hidden = model.hidden_states(&mut tape, &[context.to_vec()], &vars, recompute, false)?;
+    let hidden = model.hidden_states(&mut tape, &[context.ids.clone()], &vars, recompute, false)?;
     let h = tape.value(hidden);
-    let (tokens, dim) = (h.rows(), h.last_dim());
-    let (embedding, rstd) = pool_forward(&h.data, tokens, dim);
+    let (embedding, rstd) = pool_forward(&h.data, h.last_dim(), pooled);
     if embedding.iter().any(|v| !v.is_finite()) {
         return Err(Error::NonFinite("hypernetwork user embedding".into()));
     }
-    Ok(EmbedPass { tape, hidden, factors, tokens, rstd, embedding })
+    Ok(EmbedPass { tape, hidden, factors, pooled: context.pooled.clone(), rstd, embedding })
 }
 
-/// `e = normalise(mean_t h[t])` of `h: [tokens, dim]`; returns `(e, rstd)`.
-pub fn pool_forward(h: &[f32], tokens: usize, dim: usize) -> (Vec<f32>, f32) {
+/// `e = normalise(mean of the pooled rows of h)` for `h: [tokens, dim]`
+/// (`pooled = None`: every row); returns `(e, rstd)`. At least one row is pooled.
+pub fn pool_forward(h: &[f32], dim: usize, pooled: Option<&[bool]>) -> (Vec<f32>, f32) {
     let mut m = vec![0f64; dim];
-    for row in h.chunks_exact(dim) {
-        m.iter_mut().zip(row).for_each(|(m, &x)| *m += x as f64);
+    let mut count = 0usize;
+    for (t, row) in h.chunks_exact(dim).enumerate() {
+        if pooled.is_none_or(|p| p[t]) {
+            m.iter_mut().zip(row).for_each(|(m, &x)| *m += x as f64);
+            count += 1;
+        }
     }
-    let m: Vec<f32> = m.iter().map(|v| (v / tokens as f64) as f32).collect();
+    let m: Vec<f32> = m.iter().map(|v| (v / count as f64) as f32).collect();
     let ms = m.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / dim as f64;
     let rstd = (1.0 / (ms + NORM_EPS as f64).sqrt()) as f32;
     (m.iter().map(|v| v * rstd).collect(), rstd)
 }
 
 /// Backward of [`pool_forward`]: `dm = rstd (de - e (de . e) / E)`, spread
-/// evenly over the rows: `dh: [tokens, dim]`.
-pub fn pool_backward(de: &[f32], e: &[f32], rstd: f32, tokens: usize) -> Vec<f32> {
+/// evenly over the pooled rows of `dh: [tokens, dim]` (zero elsewhere).
+pub fn pool_backward(de: &[f32], e: &[f32], rstd: f32, tokens: usize, pooled: Option<&[bool]>) -> Vec<f32> {
     let dim = e.len();
+    let count = pooled.map_or(tokens, |p| p.iter().filter(|&&x| x).count());
     let proj = de.iter().zip(e).map(|(a, b)| (*a as f64) * (*b as f64)).sum::<f64>() / dim as f64;
-    let dm: Vec<f32> = de.iter().zip(e).map(|(&d, &v)| (rstd as f64 * (d as f64 - v as f64 * proj) / tokens as f64) as f32).collect();
-    let mut dh = Vec::with_capacity(tokens * dim);
-    (0..tokens).for_each(|_| dh.extend_from_slice(&dm));
+    let dm: Vec<f32> = de.iter().zip(e).map(|(&d, &v)| (rstd as f64 * (d as f64 - v as f64 * proj) / count as f64) as f32).collect();
+    let mut dh = vec![0.0; tokens * dim];
+    for (t, row) in dh.chunks_exact_mut(dim).enumerate() {
+        if pooled.is_none_or(|p| p[t]) {
+            row.copy_from_slice(&dm);
+        }
+    }
     dh
 }
 
@@ -99,8 +114,9 @@ pub fn embed_backward(pass: &mut EmbedPass, de: &[f32]) -> Result<Vec<Tensor>> {
     if de.len() != dim {
         return Err(Error::Shape { what: "embedding gradient".into(), expected: vec![dim], got: vec![de.len()] });
     }
-    let dh = pool_backward(de, &pass.embedding, pass.rstd, pass.tokens);
-    pass.tape.backward_with(pass.hidden, Tensor::from_vec(&[pass.tokens, dim], dh)?)?;
+    let tokens = pass.tape.value(pass.hidden).rows();
+    let dh = pool_backward(de, &pass.embedding, pass.rstd, tokens, pass.pooled.as_deref());
+    pass.tape.backward_with(pass.hidden, Tensor::from_vec(&[tokens, dim], dh)?)?;
     let mut grads = Vec::with_capacity(2 * pass.factors.len());
     for &(a, b) in &pass.factors {
         for v in [a, b] {

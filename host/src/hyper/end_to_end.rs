@@ -10,6 +10,7 @@
 use super::distill::head_ce_kl;
 use super::embedder::{embed_backward, embed_forward};
 use super::hypernet::HyperNet;
+use super::users::Context;
 use crate::autograd::Tape;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
@@ -39,7 +40,7 @@ impl Example {
 #[derive(Clone, Debug, PartialEq)]
 pub struct UserBatch {
     /// Rendered context examples (the hypernetwork's input).
-    pub context: Vec<u32>,
+    pub context: Context,
     /// The other batch: examples the generated LoRA is scored on.
     pub examples: Vec<Example>,
     /// Prompt prefix of the ICL teacher (its view of the user's context).

@@ -8,7 +8,7 @@
 //! does ([`super::users::profile_pairs`]): each item's input wrapped in the
 //! task's question prompt as the query, its output as the response,
 //! rendered with the hypernetwork's template and cut at its token budget.
-use super::users::{profile_pairs, render_context, Pair};
+use super::users::{profile_pairs, render_context, Context, Pair};
 use super::HyperNet;
 use crate::eval::dataset::{Query, Split, User};
 use crate::eval::method::{Decoding, Method, UserPrep};
@@ -68,10 +68,10 @@ impl HypernetMethod {
     }
 
     /// The hypernetwork's input for `user`: token ids of the rendered profile.
-    pub fn context(&self, spec: &TaskSpec, user: &User) -> Result<Vec<u32>> {
+    pub fn context(&self, spec: &TaskSpec, user: &User) -> Result<Context> {
         let pairs = profile_pairs(spec, user, self.max_prompt_chars);
         let refs: Vec<&Pair> = pairs.iter().collect();
-        render_context(&self.text, &self.net.config.template, &refs, self.net.config.context_tokens)
+        render_context(&self.text, &self.net.config, &refs)
     }
 }
 

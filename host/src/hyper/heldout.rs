@@ -27,7 +27,7 @@ impl HeldOutSet {
         let users = users
             .iter()
             .enumerate()
-            .map(|(i, u)| sample_user(enc, &cfg.template, cfg.context_tokens, u, crate::autograd::counter_rng::derive(seed, i as u64), targets, max_len))
+            .map(|(i, u)| sample_user(enc, cfg, u, crate::autograd::counter_rng::derive(seed, i as u64), targets, max_len))
             .collect::<Result<_>>()?;
         Ok(HeldOutSet { users })
     }

@@ -4,6 +4,7 @@
 //! (`hypernet.json` + `hypernet.safetensors`).
 use super::config::HyperConfig;
 use super::embedder::embed_forward;
+use super::users::Context;
 use super::heads::Heads;
 use crate::lora::peft::peft_key;
 use crate::lora::tensor_file::TensorFile;
@@ -64,7 +65,7 @@ impl HyperNet {
         config.check()?;
         let projections = model.projections();
         let embedder = Adapter::init(config.embed_lora(), &projections, counter_rng::derive(seed, 7))?;
-        let heads = Heads::new(config.variant, model.config().hidden_size, config.bottleneck, &config.out_lora(), &projections, common, config.center, counter_rng::derive(seed, 8))?;
+        let heads = Heads::new(config.variant, model.config().hidden_size, config.bottleneck, &config.out_lora(), &projections, common, (config.center, config.standardize), counter_rng::derive(seed, 8))?;
         Ok(HyperNet { config, embedder, heads })
     }
 
@@ -111,7 +112,7 @@ impl HyperNet {
 
     /// Stage 2: the LoRA for a user whose rendered context is `context`
     /// (token ids), in one forward pass.
-    pub fn synthesize(&self, model: &DecoderGraph, context: &[u32]) -> Result<Adapter> {
+    pub fn synthesize(&self, model: &DecoderGraph, context: &Context) -> Result<Adapter> {
         let pass = embed_forward(model, &self.embedder, context, None, false, &[])?;
         let (outs, _) = self.heads.forward(&pass.embedding)?;
         Ok(self.heads.to_adapter(outs, self.config.out_lora()))

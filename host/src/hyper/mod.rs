@@ -24,5 +24,5 @@ pub mod simcse;
 pub mod trainer;
 pub mod users;
 
-pub use config::{HeadVariant, HyperConfig};
+pub use config::{HeadVariant, HyperConfig, Pool};
 pub use hypernet::{HyperNet, WeightsDtype};

@@ -188,7 +188,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
         for (j, u) in picks.iter().enumerate() {
             let s = counter_rng::derive(counter_rng::derive(state.seed, state.step), j as u64);
             let cfg = &state.net.config;
-            let batch = sample_user(enc, &cfg.template, cfg.context_tokens, u, s, config.target_examples, config.max_len)?;
+            let batch = sample_user(enc, cfg, u, s, config.target_examples, config.max_len)?;
             let dropout_seed = (cfg.embed_dropout > 0.0).then(|| view_seed(state.seed, state.step, j as u64, 0));
             let opts = E2eOptions { kl_weight: config.kl_weight, teacher_lora: teacher, dropout_seed, recompute: recompute.to_vec(), head_chunk: 64 };
             let l = user_loss_and_grads(model, &state.net, &batch, &opts, 1.0 / n as f32, &mut grads)?;
@@ -231,7 +231,7 @@ fn simcse_step(model: &DecoderGraph, enc: &dyn Encoder, picks: &[&UserRecord], r
     for (j, u) in picks.iter().enumerate() {
         let order = permutation(counter_rng::derive(counter_rng::derive(state.seed, state.step), j as u64), u.examples.len());
         let pairs: Vec<_> = order.iter().map(|&i| &u.examples[i]).collect();
-        let context = render_context(enc, &cfg.template, &pairs, cfg.context_tokens)?;
+        let context = render_context(enc, cfg, &pairs)?;
         for view in 0..2 {
             let seed = Some(view_seed(state.seed, state.step, j as u64, view));
             passes.push(embed_forward(model, &state.net.embedder, &context, seed, true, recompute)?);

@@ -9,6 +9,7 @@
 //! ([`split_users`]); or JSONL, one user per line,
 //! `{"user": "...", "examples": [{"query": "...", "response": "..."}, ...]}`
 //! (`--data`). `--context` for `hexlora synth` is JSONL of `{"query", "response"}`.
+use super::config::{HyperConfig, Pool};
 use super::end_to_end::{Example, UserBatch};
 use crate::autograd::counter_rng;
 use crate::eval::dataset::{Split, User};
@@ -115,9 +116,75 @@ pub fn load_pairs(path: &Path) -> Result<Vec<Pair>> {
     Ok(pairs)
 }
 
-/// The context token ids: each pair rendered with `template`, concatenated,
-/// cut at `budget` tokens.
-pub fn render_context(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usize) -> Result<Vec<u32>> {
+/// The hypernetwork's input: the rendered context's token ids and, when
+/// only responses are pooled ([`Pool::Responses`]), which of them to pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Context {
+    /// Token ids, at most the budget.
+    pub ids: Vec<u32>,
+    /// `pooled[t]`: token `t` enters the embedding's mean; `None` = all do.
+    pub pooled: Option<Vec<bool>>,
+}
+
+impl Context {
+    /// A context of `ids` whose every token is pooled.
+    pub fn all(ids: Vec<u32>) -> Context {
+        Context { ids, pooled: None }
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// No token at all.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// The context of the hypernetwork `cfg` for `pairs`: each pair rendered
+/// with its template (queries cut to `context_query_chars`), concatenated,
+/// cut at `context_tokens`. With [`Pool::Responses`] the text before, of
+/// and after each response is encoded apart, so the pooled tokens are
+/// exactly the response's.
+pub fn render_context(enc: &dyn Encoder, cfg: &HyperConfig, pairs: &[&Pair]) -> Result<Context> {
+    let budget = cfg.context_tokens;
+    let query = |q: &str| match cfg.context_query_chars {
+        Some(n) => tail(q, n),
+        None => q.to_string(),
+    };
+    let cut: Vec<Pair> = pairs.iter().map(|p| Pair { query: query(&p.query), response: p.response.clone() }).collect();
+    let refs: Vec<&Pair> = cut.iter().collect();
+    match cfg.pool {
+        Pool::Mean => Ok(Context::all(render_prefix(enc, &cfg.template, &refs, budget)?)),
+        Pool::Responses => render_marked(enc, &cfg.template, &refs, budget),
+    }
+}
+
+/// `template` split around `{response}` and each piece encoded apart.
+fn render_marked(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usize) -> Result<Context> {
+    let (before, after) = template.split_once("{response}").ok_or_else(|| Error::invalid("template", "must contain {response}"))?;
+    let (mut ids, mut pooled) = (Vec::new(), Vec::new());
+    for p in pairs {
+        if ids.len() >= budget {
+            break;
+        }
+        for (text, mark) in [(before.replace("{query}", &p.query), false), (p.response.clone(), true), (after.replace("{query}", &p.query), false)] {
+            let t = enc.encode(&text)?;
+            pooled.extend(std::iter::repeat_n(mark, t.len()));
+            ids.extend(t);
+        }
+    }
+    ids.truncate(budget);
+    pooled.truncate(budget);
+    Ok(Context { ids, pooled: Some(pooled) })
+}
+
+/// Token ids of `pairs` rendered with `template`, concatenated, cut at
+/// `budget` tokens (the hypernetwork's all-token context and the ICL
+/// teacher's prefix).
+pub fn render_prefix(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usize) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
     for p in pairs {
         if ids.len() >= budget {
@@ -127,6 +194,12 @@ pub fn render_context(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget
     }
     ids.truncate(budget);
     Ok(ids)
+}
+
+/// The last `max` characters of `text`.
+fn tail(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    text.chars().skip(n.saturating_sub(max)).collect()
 }
 
 /// A target example: the chat-rendered query as prompt, the response (plus
@@ -155,7 +228,7 @@ pub fn permutation(seed: u64, n: usize) -> Vec<usize> {
 /// Splits a user's examples into two disjoint sets with `seed`: up to
 /// `targets` (at least one) scored examples, taken in seeded order among
 /// those with a response token to score, and the rest as context; the teacher's prefix is the context in a fresh order.
-pub fn sample_user(enc: &dyn Encoder, template: &str, budget: usize, user: &UserRecord, seed: u64, targets: usize, max_len: usize) -> Result<UserBatch> {
+pub fn sample_user(enc: &dyn Encoder, cfg: &HyperConfig, user: &UserRecord, seed: u64, targets: usize, max_len: usize) -> Result<UserBatch> {
     let order = permutation(seed, user.examples.len());
     let n_t = targets.clamp(1, user.examples.len() - 1);
     let (mut examples, mut ctx) = (Vec::new(), Vec::new());
@@ -174,8 +247,8 @@ pub fn sample_user(enc: &dyn Encoder, template: &str, budget: usize, user: &User
     }
     let teacher: Vec<&Pair> = permutation(counter_rng::derive(seed, 1), ctx.len()).iter().map(|&i| ctx[i]).collect();
     Ok(UserBatch {
-        context: render_context(enc, template, &ctx, budget)?,
+        context: render_context(enc, cfg, &ctx)?,
         examples,
-        teacher_prefix: render_context(enc, template, &teacher, budget)?,
+        teacher_prefix: render_prefix(enc, &cfg.template, &teacher, cfg.context_tokens)?,
     })
 }
