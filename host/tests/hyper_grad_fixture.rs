@@ -98,7 +98,7 @@ fn check_std(variant: HeadVariant, center: bool, standardize: bool, file: &str) 
     for (name, g) in names.iter().zip(&grads) {
         let want = expected.get(&format!("grad/{name}"), file).unwrap();
         assert_eq!(g.shape, want.shape, "{name}");
-        if name.starts_with("heads/center.") {
+        if name.starts_with("heads/center.") || name.starts_with("heads/embed.") {
             // A buffer: no gradient moves it (the reference writes zeros).
             assert!(g.data.iter().chain(&want.data).all(|&v| v == 0.0), "{name}: a buffer got a gradient");
             continue;
@@ -203,7 +203,7 @@ fn pipeline_gradients_match_finite_differences() {
 /// The running centre after three steps of 2, 3 and 1 users is the
 /// exponential mean of the steps' user means with momentum 0.9 and Adam's
 /// bias correction, `sum_t m^(T-t) mean_t / sum_t m^(T-t)`, here in f64;
-/// standardized heads keep the second moment `mean_t(h^2)` the same way.
+/// standardized heads keep the embedding's mean and mean square the same way.
 #[test]
 fn centre_is_the_bias_corrected_running_mean() {
     let model = model();
@@ -211,20 +211,30 @@ fn centre_is_the_bias_corrected_running_mean() {
     let n = net.heads.specs.len() * net.heads.k;
     let batch = |s: f64, users: usize| -> Vec<Vec<f64>> { (0..users).map(|u| (0..n).map(|i| ((i * 7 + u * 3) as f64 * s).sin()).collect()).collect() };
     let steps = [batch(0.3, 2), batch(1.1, 3), batch(-0.7, 1)];
+    let e_dim = net.heads.embed_dim;
+    let embeds = |b: &Vec<Vec<f64>>| -> Vec<Vec<f32>> { b.iter().map(|h| h[..e_dim].iter().map(|&v| v as f32).collect()).collect() };
     for b in &steps {
         net.heads.update_center(&b.iter().map(|h| h.iter().map(|&v| v as f32).collect()).collect::<Vec<_>>());
+        net.heads.update_embed_norm(&embeds(b));
     }
     let names = net.param_names();
     let at = |name: &str| net.params()[names.iter().position(|n| n == name).unwrap()].data.clone();
-    let (sum, weight, sumsq) = (at("heads/center.sum"), at("heads/center.weight")[0], at("heads/center.sumsq"));
+    let (sum, weight) = (at("heads/center.sum"), at("heads/center.weight")[0]);
+    let (e_sum, e_sumsq, e_weight) = (at("heads/embed.sum"), at("heads/embed.sumsq")[0], at("heads/embed.weight")[0]);
     let m = 0.9f64;
     let decay: Vec<f64> = (0..3).map(|t| m.powi(2 - t)).collect();
     for i in 0..n {
-        let mean = |b: &Vec<Vec<f64>>, p: i32| b.iter().map(|h| h[i].powi(p)).sum::<f64>() / b.len() as f64;
-        let running = |p: i32| steps.iter().zip(&decay).map(|(b, d)| d * mean(b, p)).sum::<f64>() / decay.iter().sum::<f64>();
+        let mean = |b: &Vec<Vec<f64>>| b.iter().map(|h| h[i]).sum::<f64>() / b.len() as f64;
+        let want = steps.iter().zip(&decay).map(|(b, d)| d * mean(b)).sum::<f64>() / decay.iter().sum::<f64>();
         let got = sum[i] as f64 / weight as f64;
-        assert!((got - running(1)).abs() < 1e-5, "centre[{i}]: {got} vs {}", running(1));
-        let got = sumsq[i] as f64 / weight as f64;
-        assert!((got - running(2)).abs() < 1e-5, "second moment[{i}]: {got} vs {}", running(2));
+        assert!((got - want).abs() < 1e-5, "centre[{i}]: {got} vs {want}");
+        if i < e_dim {
+            let got = e_sum[i] as f64 / e_weight as f64;
+            assert!((got - want).abs() < 1e-5, "embedding mean[{i}]: {got} vs {want}");
+        }
     }
+    let mean_sq = |b: &Vec<Vec<f64>>| b.iter().map(|h| h[..e_dim].iter().map(|v| v * v).sum::<f64>() / e_dim as f64).sum::<f64>() / b.len() as f64;
+    let want = steps.iter().zip(&decay).map(|(b, d)| d * mean_sq(b)).sum::<f64>() / decay.iter().sum::<f64>();
+    let got = e_sumsq as f64 / e_weight as f64;
+    assert!((got - want).abs() < 1e-5, "embedding mean square: {got} vs {want}");
 }

@@ -107,9 +107,9 @@ pub struct Args {
     /// users, the common part stays in b2.
     #[arg(long)]
     center: bool,
-    /// With --center: also divide h - c by its running standard deviation,
-    /// so what differs between users reaches W2 at unit scale.
-    #[arg(long, requires = "center")]
+    /// Standardize the embedding the heads read: centred on its running
+    /// population mean, scaled to unit mean variance across users.
+    #[arg(long)]
     standardize: bool,
     /// Context tokens the embedding pools.
     #[arg(long, value_parser = choices(POOLS), default_value = "mean")]

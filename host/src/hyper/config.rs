@@ -62,9 +62,10 @@ pub struct HyperConfig {
     /// before it existed, which read as `false`.
     #[serde(default)]
     pub center: bool,
-    /// With `center`: the heads also divide `h - c` by a running standard
-    /// deviation, so the user-specific part of `h` reaches `W2` at unit
-    /// scale instead of the few percent of `h` it is. Absent = `false`.
+    /// The heads read the embedding centred on its running population mean
+    /// and scaled to unit mean variance across users, so what differs
+    /// between users reaches `W1` at O(1) instead of the few percent of the
+    /// embedding it is. Absent = `false`.
     #[serde(default)]
     pub standardize: bool,
     /// Which context tokens are pooled into the embedding. Absent = all.
@@ -113,9 +114,6 @@ impl HyperConfig {
         }
         if !self.template.contains("{query}") || !self.template.contains("{response}") {
             return Err(Error::invalid("template", "must contain {query} and {response}"));
-        }
-        if self.standardize && !self.center {
-            return Err(Error::invalid("standardize", "needs center (it scales h - c)"));
         }
         if self.context_query_chars == Some(0) {
             return Err(Error::invalid("context_query_chars", "must be positive"));

@@ -74,6 +74,8 @@ pub struct UserLoss {
     pub tokens: usize,
     /// The heads' coefficients for this user (what centred heads average).
     pub coefficients: Vec<f32>,
+    /// This user's raw embedding (what standardized heads' statistics average).
+    pub embedding: Vec<f32>,
 }
 
 /// Hidden states of the teacher for `ex`: `[len, hidden]` rows aligned with
@@ -140,10 +142,10 @@ pub fn user_loss_and_grads(model: &DecoderGraph, net: &HyperNet, user: &UserBatc
         dfactors.iter_mut().for_each(|d| d.data.iter_mut().for_each(|v| *v *= grad_scale));
     }
     let (eg, hg) = grads.split_at_mut(net.embedder_len());
-    let de = net.heads.backward(&pass.embedding, &cache, &dfactors, hg);
+    let de = net.heads.backward(&cache, &dfactors, hg);
     for (g, d) in eg.iter_mut().zip(embed_backward(&mut pass, &de)?) {
         g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d);
     }
     let n = tokens as f64;
-    Ok(UserLoss { ce: ce / n, kl: kl / n, total: (ce + opts.kl_weight as f64 * kl) / n, tokens, coefficients: cache.coefficients() })
+    Ok(UserLoss { ce: ce / n, kl: kl / n, total: (ce + opts.kl_weight as f64 * kl) / n, tokens, coefficients: cache.coefficients(), embedding: pass.embedding })
 }

@@ -23,12 +23,15 @@
 //! (docs/results/hyper-diagnosis); centred, `W2` sees only what differs
 //! between users and the common part stays in `b2`.
 //!
-//! Standardized heads (`HyperConfig::standardize`, with a centre) emit
-//! `out = W2 ((h - c) / sqrt(v + eps)) + b2`, `v` the running variance of
-//! `h` kept the same way (batch normalisation's running statistics): the
-//! part of `h` that differs between users is a few percent of it, and Adam
-//! moves each `W2` entry by about the learning rate a step, so unscaled that
-//! part stays small against `b2` however the gradients point.
+//! Standardized heads (`HyperConfig::standardize`) read the embedding
+//! centred on its running population mean and scaled by one factor to unit
+//! mean variance across users, `e' = (e - mu) / sqrt(mean_d var_d + eps)`
+//! (batch normalisation's running statistics, with one scale for all
+//! dimensions so none is amplified alone): users' embeddings share over 90%
+//! of their energy, so raw `W1 e` barely differs between users, while `W1 e'`
+//! differs by O(1). A per-coefficient scale of `h - c` was tried first and
+//! made the LoRAs differ by blowing up coefficients no user moves
+//! (docs/RESULTS.md).
 use super::config::HeadVariant;
 use crate::autograd::counter_rng;
 use crate::lora::{Adapter, LoraConfig, LoraModule};
@@ -81,27 +84,23 @@ pub struct Heads {
     pub names: Vec<String>,
     /// `(layer_emb, type_emb)` parameter indices in the shared trunk.
     trunk_emb: Option<(usize, usize)>,
-    /// The running statistics of centred heads (buffers in `params`).
-    center: Option<Center>,
+    /// `(center.sum [heads, k], center.weight [1])` indices of centred heads:
+    /// `c = sum / weight` (0 before the first update).
+    center: Option<(usize, usize)>,
+    /// `(embed.sum [E], embed.sumsq [1], embed.weight [1])` indices of the
+    /// embedding's running statistics when standardized: `mu = sum / weight`,
+    /// `mean_d var_d = sumsq / weight - mean_d mu_d^2`.
+    embed_norm: Option<(usize, usize, usize)>,
 }
 
-/// Indices into `params` of the centre's buffers: `center.sum [heads, k]`,
-/// `center.weight [1]` (`c = sum / weight`, 0 before the first update) and,
-/// standardized, `center.sumsq [heads, k]` (`v = sumsq / weight - c^2`).
-#[derive(Clone, Copy, Debug)]
-struct Center {
-    sum: usize,
-    weight: usize,
-    sumsq: Option<usize>,
-}
-
-/// What the forward saves for the backward: `z`, the centred coefficients
-/// `(h - c) s` (`h` itself without a centre) and the scales `s` (1 unless
-/// standardized), all `[heads, k]`.
+/// What the forward saves for the backward: `z` and the centred
+/// coefficients `h - c` (`h` itself without a centre), both `[heads, k]`;
+/// the heads' input `e'` and its scale (`e` and 1 unless standardized).
 pub struct HeadsCache {
     z: Vec<f32>,
     centered: Vec<f32>,
-    scale: Vec<f32>,
+    input: Vec<f32>,
+    scale: f32,
 }
 
 impl HeadsCache {
@@ -116,9 +115,8 @@ impl HeadsCache {
 /// the last ten steps (40 users at 4 a step), so `c` follows `W1` as it trains.
 const CENTER_MOMENTUM: f32 = 0.9;
 
-/// Added to the running variance before its root, as batch normalisation
-/// does: a coefficient no user moves is scaled by at most `1 / sqrt(eps)`.
-const VARIANCE_EPS: f32 = 1e-5;
+/// Keeps the embedding's scale finite when users do not differ at all.
+const VARIANCE_EPS: f64 = 1e-6;
 
 fn layer_of(name: &str) -> usize {
     name.split('.').find_map(|p| p.parse().ok()).unwrap_or(0)
@@ -142,7 +140,7 @@ impl Heads {
     /// Builds heads for the `projections` targeted by `out` and fills `b2`
     /// from `common` (its factors must match) or PEFT's default init;
     /// `center` adds the running-mean buffers (after every other
-    /// parameter), `standardize` the running second moment beside them.
+    /// parameter), `standardize` the embedding's running statistics after them.
     #[allow(clippy::too_many_arguments)]
     pub fn new(variant: HeadVariant, embed_dim: usize, k: usize, out: &LoraConfig, projections: &[ProjectionInfo], common: Option<&Adapter>, (center, standardize): (bool, bool), seed: u64) -> Result<Heads> {
         let init = match common {
@@ -154,7 +152,7 @@ impl Heads {
             }
             None => Adapter::init(out.clone(), projections, counter_rng::derive(seed, 1))?,
         };
-        let mut heads = Heads { variant, embed_dim, k, specs: Vec::new(), params: Vec::new(), names: Vec::new(), trunk_emb: None, center: None };
+        let mut heads = Heads { variant, embed_dim, k, specs: Vec::new(), params: Vec::new(), names: Vec::new(), trunk_emb: None, center: None, embed_norm: None };
         let mut kinds: Vec<(String, Factor)> = Vec::new();
         let targeted: Vec<&ProjectionInfo> = projections.iter().filter(|p| out.targets(&p.name)).collect();
         for p in &targeted {
@@ -225,8 +223,13 @@ impl Heads {
             let n = heads.specs.len();
             let sum = heads.push("center.sum", vec![n, k], vec![0.0; n * k]);
             let weight = heads.push("center.weight", vec![1], vec![0.0]);
-            let sumsq = standardize.then(|| heads.push("center.sumsq", vec![n, k], vec![0.0; n * k]));
-            heads.center = Some(Center { sum, weight, sumsq });
+            heads.center = Some((sum, weight));
+        }
+        if standardize {
+            let sum = heads.push("embed.sum", vec![embed_dim], vec![0.0; embed_dim]);
+            let sumsq = heads.push("embed.sumsq", vec![1], vec![0.0]);
+            let weight = heads.push("embed.weight", vec![1], vec![0.0]);
+            heads.embed_norm = Some((sum, sumsq, weight));
         }
         Ok(heads)
     }
@@ -255,91 +258,104 @@ impl Heads {
             return Err(Error::Shape { what: "hypernetwork embedding".into(), expected: vec![self.embed_dim], got: vec![e.len()] });
         }
         let len = self.specs.len() * self.k;
-        let mut cache = HeadsCache { z: Vec::with_capacity(len), centered: Vec::with_capacity(len), scale: Vec::with_capacity(len) };
+        let (input, scale) = self.standardized(e);
+        let mut cache = HeadsCache { z: Vec::with_capacity(len), centered: Vec::with_capacity(len), input, scale };
         let mut outs = Vec::with_capacity(self.specs.len());
         for (j, s) in self.specs.iter().enumerate() {
-            let z = self.pre_activation(j, e);
-            let scale = self.scale(j);
-            let h = self.centered(j, z.iter().map(|&z| silu(z)).collect(), &scale);
+            let z = self.pre_activation(j, &cache.input);
+            let h = self.centered(j, z.iter().map(|&z| silu(z)).collect());
             let (w2, b2) = (&self.params[s.w2].data, &self.params[s.b2].data);
             let out: Vec<f32> = b2.iter().enumerate().map(|(n, &b)| b + dot(&w2[n * self.k..(n + 1) * self.k], &h)).collect();
             outs.push(Tensor { shape: s.shape.to_vec(), data: out });
             cache.z.extend(z);
             cache.centered.extend(h);
-            cache.scale.extend(scale);
         }
         Ok((outs, cache))
     }
 
-    /// `(h - c) s` of head `j` (`h` without a centre).
-    fn centered(&self, j: usize, mut h: Vec<f32>, scale: &[f32]) -> Vec<f32> {
-        if let Some(c) = self.center {
-            let w = self.params[c.weight].data[0];
+    /// `(e', s)`: `e' = (e - mu) s` when standardized (and after the first
+    /// update), else `(e, 1)`.
+    fn standardized(&self, e: &[f32]) -> (Vec<f32>, f32) {
+        let Some((sum, sumsq, weight)) = self.embed_norm else { return (e.to_vec(), 1.0) };
+        let w = self.params[weight].data[0] as f64;
+        if w <= 0.0 {
+            return (e.to_vec(), 1.0);
+        }
+        let mu: Vec<f64> = self.params[sum].data.iter().map(|&s| s as f64 / w).collect();
+        let mean_sq_mu = mu.iter().map(|m| m * m).sum::<f64>() / mu.len() as f64;
+        let var = (self.params[sumsq].data[0] as f64 / w - mean_sq_mu).max(0.0);
+        let s = 1.0 / (var + VARIANCE_EPS).sqrt();
+        (e.iter().zip(&mu).map(|(&x, m)| ((x as f64 - m) * s) as f32).collect(), s as f32)
+    }
+
+    /// `h - c` of head `j` (`h` without a centre).
+    fn centered(&self, j: usize, mut h: Vec<f32>) -> Vec<f32> {
+        if let Some((sum, weight)) = self.center {
+            let w = self.params[weight].data[0];
             if w > 0.0 {
-                let sum = &self.params[c.sum].data[j * self.k..][..self.k];
-                h.iter_mut().zip(sum).zip(scale).for_each(|((h, sum), s)| *h = (*h - sum / w) * s);
+                let c = &self.params[sum].data[j * self.k..][..self.k];
+                h.iter_mut().zip(c).for_each(|(h, c)| *h -= c / w);
             }
         }
         h
     }
 
-    /// `s = 1 / sqrt(v + eps)` of head `j`'s coefficients when standardized
-    /// (and after the first update), else 1: `[k]`.
-    fn scale(&self, j: usize) -> Vec<f32> {
-        let ones = vec![1.0; self.k];
-        let Some(Center { sum, weight, sumsq: Some(sumsq) }) = self.center else { return ones };
-        let w = self.params[weight].data[0];
-        if w <= 0.0 {
-            return ones;
-        }
-        let (sum, sumsq) = (&self.params[sum].data[j * self.k..][..self.k], &self.params[sumsq].data[j * self.k..][..self.k]);
-        sum.iter().zip(sumsq).map(|(&s, &q)| {
-            let (mean, var) = (s as f64 / w as f64, q as f64 / w as f64);
-            (1.0 / ((var - mean * mean).max(0.0) + VARIANCE_EPS as f64).sqrt()) as f32
-        }).collect()
-    }
-
     /// Folds one step's coefficients (one [`HeadsCache::coefficients`] per
     /// user) into the running centre: `sum <- m sum + (1 - m) mean(h)`,
     /// `weight <- m weight + (1 - m)`, so `c = sum / weight` is an
-    /// exponential mean with Adam's bias correction (exact after one step);
-    /// standardized, `sumsq` follows `mean(h^2)` the same way. Without a
-    /// centre it does nothing.
+    /// exponential mean with Adam's bias correction (exact after one step).
+    /// Without a centre it does nothing.
     pub fn update_center(&mut self, coefficients: &[Vec<f32>]) {
-        let (Some(c), false) = (self.center, coefficients.is_empty()) else { return };
-        let (m, n) = (CENTER_MOMENTUM, coefficients.len() as f32);
-        let fold = |buffer: &mut Vec<f32>, f: fn(f32) -> f32| {
-            for (i, s) in buffer.iter_mut().enumerate() {
-                let mean = coefficients.iter().map(|h| f(h[i])).sum::<f32>() / n;
-                *s = m * *s + (1.0 - m) * mean;
-            }
-        };
-        fold(&mut self.params[c.sum].data, |h| h);
-        if let Some(sumsq) = c.sumsq {
-            fold(&mut self.params[sumsq].data, |h| h * h);
+        let (Some((sum, weight)), false) = (self.center, coefficients.is_empty()) else { return };
+        self.fold(sum, coefficients, |h| h);
+        self.fold_weight(weight);
+    }
+
+    /// Folds one step's raw embeddings (one per user) into the running
+    /// statistics of standardized heads as [`Heads::update_center`] folds
+    /// coefficients: `sum` follows `mean(e)`, `sumsq` `mean(|e|^2 / E)`.
+    /// Without them it does nothing.
+    pub fn update_embed_norm(&mut self, embeddings: &[Vec<f32>]) {
+        let (Some((sum, sumsq, weight)), false) = (self.embed_norm, embeddings.is_empty()) else { return };
+        self.fold(sum, embeddings, |e| e);
+        let ms: Vec<Vec<f32>> = embeddings.iter().map(|e| vec![e.iter().map(|x| x * x).sum::<f32>() / e.len() as f32]).collect();
+        self.fold(sumsq, &ms, |x| x);
+        self.fold_weight(weight);
+    }
+
+    /// `buffer <- m buffer + (1 - m) mean_u f(x_u)`, elementwise.
+    fn fold(&mut self, buffer: usize, xs: &[Vec<f32>], f: fn(f32) -> f32) {
+        let (m, n) = (CENTER_MOMENTUM, xs.len() as f32);
+        for (i, s) in self.params[buffer].data.iter_mut().enumerate() {
+            let mean = xs.iter().map(|x| f(x[i])).sum::<f32>() / n;
+            *s = m * *s + (1.0 - m) * mean;
         }
-        let w = &mut self.params[c.weight].data[0];
-        *w = m * *w + (1.0 - m);
+    }
+
+    fn fold_weight(&mut self, weight: usize) {
+        let w = &mut self.params[weight].data[0];
+        *w = CENTER_MOMENTUM * *w + (1.0 - CENTER_MOMENTUM);
     }
 
     /// Indices into `params` of the buffers no gradient step may move (the
-    /// centre); empty without one.
+    /// running statistics); empty without them.
     pub fn buffers(&self) -> Vec<usize> {
-        self.center.map(|c| [Some(c.sum), Some(c.weight), c.sumsq].into_iter().flatten().collect()).unwrap_or_default()
+        let center = self.center.map(|(sum, weight)| vec![sum, weight]).unwrap_or_default();
+        let embed = self.embed_norm.map(|(sum, sumsq, weight)| vec![sum, sumsq, weight]).unwrap_or_default();
+        [center, embed].concat()
     }
 
     /// Given `douts` (one per head, like the forward's outputs), adds the
     /// parameter gradients into `grads` (same layout as `params`) and
-    /// returns `de: [E]`.
-    pub fn backward(&self, e: &[f32], cache: &HeadsCache, douts: &[Tensor], grads: &mut [Tensor]) -> Vec<f32> {
-        let k = self.k;
+    /// returns `de: [E]` (through the standardization: its statistics are
+    /// constants of the step, so `de = s de'`).
+    pub fn backward(&self, cache: &HeadsCache, douts: &[Tensor], grads: &mut [Tensor]) -> Vec<f32> {
+        let (k, e) = (self.k, &cache.input);
         let mut de = vec![0.0f32; self.embed_dim];
         for (j, (s, dout)) in self.specs.iter().zip(douts).enumerate() {
             let z = &cache.z[j * k..(j + 1) * k];
-            // c and s are constants of the step: dW2 takes (h - c) s,
-            // dh = s W2^T dout.
+            // c is a constant of the step: dW2 takes h - c, dh = W2^T dout.
             let h = &cache.centered[j * k..(j + 1) * k];
-            let scale = &cache.scale[j * k..(j + 1) * k];
             grads[s.b2].data.iter_mut().zip(&dout.data).for_each(|(g, d)| *g += d);
             let w2 = &self.params[s.w2].data;
             let mut dh = vec![0.0f32; k];
@@ -353,9 +369,9 @@ impl Heads {
                 dh.iter_mut().zip(&w2[row]).for_each(|(g, w)| *g += d * w);
             }
             // silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
-            let dz: Vec<f32> = dh.iter().zip(z).zip(scale).map(|((&g, &z), &s)| {
+            let dz: Vec<f32> = dh.iter().zip(z).map(|(&g, &z)| {
                 let sg = sigmoid(z);
-                g * s * sg * (1.0 + z * (1.0 - sg))
+                g * sg * (1.0 + z * (1.0 - sg))
             }).collect();
             grads[s.b1].data.iter_mut().zip(&dz).for_each(|(g, d)| *g += d);
             if let Some((le, te)) = self.trunk_emb {
@@ -370,6 +386,7 @@ impl Heads {
                 de.iter_mut().zip(&w1[row]).for_each(|(g, w)| *g += d * w);
             }
         }
+        de.iter_mut().for_each(|g| *g *= cache.scale);
         de
     }
 

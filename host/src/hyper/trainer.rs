@@ -180,7 +180,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
     let picks = step_users(users, state.seed, state.step, n);
     let mut grads = state.net.zero_grads();
     let simcse = state.step < config.simcse_steps;
-    let mut coefficients = Vec::new();
+    let (mut coefficients, mut embeddings) = (Vec::new(), Vec::new());
     let (loss, ce, kl) = if simcse {
         (simcse_step(model, enc, &picks, recompute, state, &mut grads)?, 0.0, 0.0)
     } else {
@@ -196,6 +196,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
             ce += l.ce / n as f64;
             kl += l.kl / n as f64;
             coefficients.push(l.coefficients);
+            embeddings.push(l.embedding);
         }
         (loss, ce, kl)
     };
@@ -218,6 +219,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
     // The centre moves after the update, from the coefficients the step's
     // loss was computed with (a constant within each step).
     state.net.heads.update_center(&coefficients);
+    state.net.heads.update_embed_norm(&embeddings);
     state.step += 1;
     let stage = if simcse { Stage::Simcse } else { Stage::EndToEnd };
     Ok(HyperRecord { step: state.step, stage, loss, ce, kl, lr, grad_norm, seconds: start.elapsed().as_secs_f64() })
