@@ -121,7 +121,7 @@ fn hypertrain_reads_a_bench_split_and_logs_held_out_loss() {
         .arg(fixtures().join("lamp/mail-subject"))
         .args(["--split", "train", "--dev-split", "dev", "--dev-every", "1", "--simcse-steps", "1", "--steps", "2"])
         .args(["--users-per-step", "2", "--target-examples", "1", "--embed-rank", "2", "--bottleneck", "3"])
-        .args(["--context-tokens", "60", "--max-len", "64", "--quiet", "--common-lora"])
+        .args(["--context-tokens", "60", "--max-len", "64", "--quiet", "--keep-dev-checkpoints", "--common-lora"])
         .arg(&common)
         .arg("--out")
         .arg(&out)
@@ -144,6 +144,16 @@ fn hypertrain_reads_a_bench_split_and_logs_held_out_loss() {
     let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("hypernet-best/best.json")).unwrap()).unwrap();
     assert_eq!((kept["step"].as_u64(), kept["heldout_loss"].as_f64()), (best["step"].as_u64(), best["hypernet"].as_f64()));
     assert!(out.join("hypernet-best/hypernet.safetensors").exists() && out.join("hypernet-best/hypernet.json").exists());
+    // --keep-dev-checkpoints: every checked network, with the loss heldout.jsonl logged for it.
+    for line in &lines[1..] {
+        let dir = out.join(format!("hypernet-step{}", line["step"]));
+        let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("checkpoint.json")).unwrap()).unwrap();
+        assert_eq!((info["step"].as_u64(), info["heldout_loss"].as_f64()), (line["step"].as_u64(), line["hypernet"].as_f64()));
+        assert!(dir.join("hypernet.safetensors").exists() && dir.join("hypernet.json").exists());
+    }
+    // The last one is the network the run ends with.
+    let last = |d: &str| std::fs::read(out.join(d).join("hypernet.safetensors")).unwrap();
+    assert!(last("hypernet-step3") == last("hypernet"), "hypernet-step3 differs from hypernet/");
     // The same directory again without --resume is refused, not overwritten.
     let again = support::hexlora().args(["hypertrain", "--model"]).arg(&model).arg("--bench").arg(fixtures().join("lamp/mail-subject")).arg("--out").arg(&out).arg("--quiet").output().unwrap();
     assert!(!again.status.success());

@@ -40,6 +40,12 @@ pub struct Args {
     /// Evaluate the held-out loss every N steps (and before and after training), N >= 1.
     #[arg(long, default_value_t = 10, value_parser = u64_in(1..=u32::MAX as u64))]
     dev_every: u64,
+    /// Also keep the network of every held-out check in `hypernet-step<N>/`
+    /// (with `checkpoint.json`: step and loss), so checkpoints can be scored
+    /// on the task's own metric: on quotes-tag the held-out loss picked a
+    /// step 15 dev-accuracy points worse than the next check (`docs/RESULTS.md`).
+    #[arg(long)]
+    keep_dev_checkpoints: bool,
     /// Cut every prompt (profile item, question) to this many characters,
     /// as `hexlora eval --max-prompt-chars` does (>= 1).
     #[arg(long, default_value_t = 700, value_parser = usize_in(1..=1 << 30))]
@@ -297,7 +303,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let heldout = match dev.is_empty() {
         true => None,
-        false => Some(HeldOut::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, args.resume, args.start_step)?),
+        false => Some(HeldOut::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, (args.resume, args.keep_dev_checkpoints), args.start_step)?),
     };
     let mut on_step = AfterStep(|state: &HyperState| match &heldout {
         Some(h) if state.step % args.dev_every.max(1) == 0 || state.step == total => h.record(&model, &state.net, state.step),
@@ -359,24 +365,26 @@ fn bench_users(dir: &Path, split: &str, max_prompt_chars: usize) -> anyhow::Resu
 
 /// Held-out users' loss during training, appended to `heldout.jsonl`; the
 /// network of the lowest loss so far is kept in `hypernet-best/` (with
-/// `best.json`: its step and loss), the checkpoint chosen on the dev users.
+/// `best.json`: its step and loss), the checkpoint chosen on the dev users;
+/// with `keep_every`, each checked network also in `hypernet-step<N>/`.
 struct HeldOut {
     set: HeldOutSet,
     path: PathBuf,
     best_dir: PathBuf,
     best: std::cell::Cell<Option<f64>>,
+    keep_every: bool,
 }
 
 impl HeldOut {
     /// Fixes the held-out examples, and on a fresh run records the common
     /// LoRA's loss and the untrained network's (step 0).
     #[allow(clippy::too_many_arguments)]
-    fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, resume: bool, step: u64) -> anyhow::Result<Self> {
+    fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, (resume, keep_every): (bool, bool), step: u64) -> anyhow::Result<Self> {
         let set = HeldOutSet::new(text, fresh, dev, hexlora::autograd::counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
         std::fs::create_dir_all(out)?;
         let best_dir = out.join(BEST_DIR);
         let best = if resume { best_so_far(&best_dir)? } else { None };
-        let h = HeldOut { set, path: out.join("heldout.jsonl"), best_dir, best: std::cell::Cell::new(best) };
+        let h = HeldOut { set, path: out.join("heldout.jsonl"), best_dir, best: std::cell::Cell::new(best), keep_every };
         if !resume {
             let common_loss = common.map(|c| h.set.adapter_loss(model, c)).transpose()?;
             let line = serde_json::json!({"common_lora": common_loss, "users": h.set.users.len(), "tokens": h.set.tokens()});
@@ -390,8 +398,12 @@ impl HeldOut {
         use std::io::Write;
         let loss = self.set.hypernet_loss(model, net)?;
         if self.best.get().is_none_or(|b| loss < b) {
-            keep_best(net, &self.best_dir, step, loss)?;
+            keep_network(net, &self.best_dir, "best.json", step, loss)?;
             self.best.set(Some(loss));
+        }
+        if self.keep_every {
+            let dir = self.best_dir.with_file_name(format!("hypernet-step{step}"));
+            keep_network(net, &dir, "checkpoint.json", step, loss)?;
         }
         let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| hexlora::Error::io(&self.path, e))?;
         writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| hexlora::Error::io(&self.path, e))?;
@@ -403,16 +415,17 @@ impl HeldOut {
 /// Where the dev-chosen network is kept, beside `hypernet/` (the last step's).
 const BEST_DIR: &str = "hypernet-best";
 
-/// Replaces `best_dir` with `net` at `step`: written whole into a sibling
-/// directory first, so a crash leaves the previous best or the new one.
-fn keep_best(net: &HyperNet, best_dir: &Path, step: u64, loss: f64) -> hexlora::Result<()> {
+/// Replaces `best_dir` with `net` at `step` (and `info`: its step and
+/// held-out loss): written whole into a sibling directory first, so a crash
+/// leaves the previous network or the new one.
+fn keep_network(net: &HyperNet, best_dir: &Path, info: &str, step: u64, loss: f64) -> hexlora::Result<()> {
     let tmp = best_dir.with_extension("tmp");
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| hexlora::Error::io(&tmp, e))?;
     }
     net.save(&tmp)?;
     let json = serde_json::json!({"step": step, "heldout_loss": loss});
-    hexlora::train::atomic_write::write_atomic(&tmp.join("best.json"), format!("{json}\n").as_bytes())?;
+    hexlora::train::atomic_write::write_atomic(&tmp.join(info), format!("{json}\n").as_bytes())?;
     if best_dir.exists() {
         std::fs::remove_dir_all(best_dir).map_err(|e| hexlora::Error::io(best_dir, e))?;
     }
@@ -420,7 +433,7 @@ fn keep_best(net: &HyperNet, best_dir: &Path, step: u64, loss: f64) -> hexlora::
 }
 
 /// The held-out loss of the kept best network on resume (a crash between
-/// the two steps of [`keep_best`] leaves it complete in the sibling).
+/// the two steps of [`keep_network`] leaves it complete in the sibling).
 fn best_so_far(best_dir: &Path) -> hexlora::Result<Option<f64>> {
     let tmp = best_dir.with_extension("tmp");
     if !best_dir.exists() && tmp.join("best.json").exists() {
