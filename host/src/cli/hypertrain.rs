@@ -415,21 +415,21 @@ impl HeldOut {
 /// Where the dev-chosen network is kept, beside `hypernet/` (the last step's).
 const BEST_DIR: &str = "hypernet-best";
 
-/// Replaces `best_dir` with `net` at `step` (and `info`: its step and
+/// Replaces `dir` with `net` at `step` (and `info`: its step and
 /// held-out loss): written whole into a sibling directory first, so a crash
 /// leaves the previous network or the new one.
-fn keep_network(net: &HyperNet, best_dir: &Path, info: &str, step: u64, loss: f64) -> hexlora::Result<()> {
-    let tmp = best_dir.with_extension("tmp");
+fn keep_network(net: &HyperNet, dir: &Path, info: &str, step: u64, loss: f64) -> hexlora::Result<()> {
+    let tmp = dir.with_extension("tmp");
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| hexlora::Error::io(&tmp, e))?;
     }
     net.save(&tmp)?;
     let json = serde_json::json!({"step": step, "heldout_loss": loss});
     hexlora::train::atomic_write::write_atomic(&tmp.join(info), format!("{json}\n").as_bytes())?;
-    if best_dir.exists() {
-        std::fs::remove_dir_all(best_dir).map_err(|e| hexlora::Error::io(best_dir, e))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| hexlora::Error::io(dir, e))?;
     }
-    std::fs::rename(&tmp, best_dir).map_err(|e| hexlora::Error::io(best_dir, e))
+    std::fs::rename(&tmp, dir).map_err(|e| hexlora::Error::io(dir, e))
 }
 
 /// The held-out loss of the kept best network on resume (a crash between

@@ -307,7 +307,7 @@ impl Heads {
     /// Without a centre it does nothing.
     pub fn update_center(&mut self, coefficients: &[Vec<f32>]) {
         let (Some((sum, weight)), false) = (self.center, coefficients.is_empty()) else { return };
-        self.fold(sum, coefficients, |h| h);
+        self.fold(sum, coefficients);
         self.fold_weight(weight);
     }
 
@@ -317,17 +317,17 @@ impl Heads {
     /// Without them it does nothing.
     pub fn update_embed_norm(&mut self, embeddings: &[Vec<f32>]) {
         let (Some((sum, sumsq, weight)), false) = (self.embed_norm, embeddings.is_empty()) else { return };
-        self.fold(sum, embeddings, |e| e);
+        self.fold(sum, embeddings);
         let ms: Vec<Vec<f32>> = embeddings.iter().map(|e| vec![e.iter().map(|x| x * x).sum::<f32>() / e.len() as f32]).collect();
-        self.fold(sumsq, &ms, |x| x);
+        self.fold(sumsq, &ms);
         self.fold_weight(weight);
     }
 
-    /// `buffer <- m buffer + (1 - m) mean_u f(x_u)`, elementwise.
-    fn fold(&mut self, buffer: usize, xs: &[Vec<f32>], f: fn(f32) -> f32) {
+    /// `buffer <- m buffer + (1 - m) mean_u x_u`, elementwise.
+    fn fold(&mut self, buffer: usize, xs: &[Vec<f32>]) {
         let (m, n) = (CENTER_MOMENTUM, xs.len() as f32);
         for (i, s) in self.params[buffer].data.iter_mut().enumerate() {
-            let mean = xs.iter().map(|x| f(x[i])).sum::<f32>() / n;
+            let mean = xs.iter().map(|x| x[i]).sum::<f32>() / n;
             *s = m * *s + (1.0 - m) * mean;
         }
     }
