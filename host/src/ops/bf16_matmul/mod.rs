@@ -368,23 +368,30 @@ impl LoraFactors<'_> {
         ([&a_hi[..], &a_hi, &a_lo].concat(), side_by_side(&[&b_hi, &b_lo], self.rank))
     }
 
-    /// Whether the AMX kernel can carry this branch on a product over
-    /// `tokens` rows with a `reduction` and `width` output columns: nothing
-    /// is empty, `side` is `[tokens, r]`, and the reduction runs in one pass.
+    /// Whether `kernel` can carry this branch on a product over `tokens`
+    /// rows with a `reduction` and `width` output columns: nothing is
+    /// empty, `side` is `[tokens, r]`, and on AMX the reduction runs in one
+    /// pass, on AVX512-BF16 the rank is at most 16 (the side product's hi
+    /// and lo halves fill one 32-column tile).
     #[cfg(target_arch = "x86_64")]
     fn carried(&self, kernel: Kernel, tokens: usize, (reduction, width): (usize, usize), side: &[f32]) -> bool {
         let fits = self.rank > 0 && tokens > 0 && reduction > 0 && width > 0 && side.len() == tokens * self.rank;
-        kernel == Kernel::Amx && amx::available() && fits && amx::one_pass(tokens, reduction)
+        fits && match kernel {
+            Kernel::Amx => amx::available() && amx::one_pass(tokens, reduction),
+            Kernel::Avx512Bf16 => avx512bf16::available() && 2 * self.rank <= avx512bf16::NR,
+            _ => false,
+        }
     }
 }
 
 /// `out = bf16(x) W^T + scale xa B^T` with `xa[tokens, r] = bf16(x) A^T`
 /// written to `xa`: the frozen product and a LoRA branch in one pass of
-/// the AMX tiles. The branch's own operands (`A`, `B`, `xa`) are carried
+/// the AMX tiles (or of the AVX512-BF16 tiles, rank <= 16). The branch's own operands (`A`, `B`, `xa`) are carried
 /// as sums of two bf16 (~16 bits, products summed in f32); only the
 /// activation is rounded once, as the frozen product rounds it.
 /// Returns `false`, having written nothing, when the kernel cannot carry
-/// the branch (no AMX, a reduction longer than one pass): the caller then
+/// the branch (another kernel, an AMX reduction longer than one pass, an
+/// AVX512-BF16 rank above 16): the caller then
 /// runs the branch itself.
 pub fn forward_lora<'a>(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w: impl Into<Weight<'a>>, lora: LoraFactors<'_>, xa: &mut [f32]) -> bool {
     let w = w.into();
@@ -394,6 +401,10 @@ pub fn forward_lora<'a>(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usiz
     #[cfg(target_arch = "x86_64")]
     if lora.carried(kernel, tokens, (k, n), xa) {
         let (a2, b3) = lora.forward_bits();
+        if kernel == Kernel::Avx512Bf16 {
+            w.with_bits(|w| avx512bf16::forward_lora(out, x, tokens, w, (n, k), (&a2, &b3, lora.rank), lora.scale, xa));
+            return true;
+        }
         amx::forward_lora(out, x, tokens, w.source(), (n, k), (&a2, &b3, lora.rank), lora.scale, xa);
         return true;
     }
@@ -427,6 +438,12 @@ pub fn input_grad_lora<'a>(
     #[cfg(target_arch = "x86_64")]
     if lora.carried(kernel, tokens, (rows, cols), dxa) {
         let r = lora.rank;
+        if kernel == Kernel::Avx512Bf16 {
+            // dB stays the caller's: dY is not kept in an order its product reads
+            let (a3, b2) = lora.input_grad_bits();
+            w.with_bits(|w| avx512bf16::input_grad_lora(out, dy, tokens, w, (rows, cols), (&a3, &b2, r), lora.scale, dxa));
+            return Carried::Branch;
+        }
         let db = db.filter(|(xa, db)| r <= 32 && xa.len() == tokens * r && db.len() == rows * r);
         let mut dbt = db.as_ref().map(|_| vec![0.0; r * rows]); // [r, out]
         let token_sums = db.as_ref().zip(dbt.as_deref_mut()).map(|((xa, _), dbt)| (*xa, dbt));
@@ -639,12 +656,46 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn lora_carrying_products_match_f64_of_bf16_operands() {
-        if !amx_available() {
+        let carrying: Vec<Kernel> = [(Kernel::Amx, amx_available()), (Kernel::Avx512Bf16, avx512bf16_available())].iter().filter(|k| k.1).map(|k| k.0).collect();
+        if carrying.is_empty() {
             return crate::test_skip::skip_allowed_in_ci(
-                "no AMX-BF16 on this CPU/OS: the LoRA-carrying products are AMX-only (callers fall back)",
+                "neither AMX-BF16 nor AVX512-BF16 on this CPU/OS: only those kernels carry LoRA branches (callers fall back)",
                 crate::test_skip::CPU_CLASS_VARIES,
             );
         }
+        for kernel in carrying {
+            lora_carrying_kernel_matches_f64(kernel);
+        }
+    }
+
+    /// The carrying products give the same bits on one thread as on three.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn lora_carrying_products_ignore_thread_count() {
+        let (tokens, out_f, in_f, rank) = (45, 70, 100, 16);
+        let m = Bf16Matrix::from_f32(&values(out_f * in_f, 0.29, 1.0), out_f, in_f);
+        let w = Rows { matrix: &m, first: 0, len: out_f };
+        let (a, b) = (values(rank * in_f, 0.61, 0.3), values(out_f * rank, 0.43, 0.2));
+        let lora = LoraFactors { a: &a, b: &b, rank, scale: 2.0 };
+        let (x, dy) = (values(tokens * in_f, 0.71, 2.0), values(tokens * out_f, 0.53, 0.8));
+        for kernel in [Kernel::Amx, Kernel::Avx512Bf16] {
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let (mut y, mut xa, mut dx, mut dxa) = (vec![0.0; tokens * out_f], vec![0.0; tokens * rank], vec![0.0; tokens * in_f], vec![0.0; tokens * rank]);
+                let carried = pool.install(|| {
+                    forward_lora(kernel, &mut y, &x, tokens, w, lora, &mut xa) && input_grad_lora(kernel, &mut dx, &dy, tokens, w, lora, &mut dxa, None) != Carried::No
+                });
+                carried.then_some([y, xa, dx, dxa])
+            };
+            let one = run(1);
+            if one.is_some() {
+                assert_eq!(one, run(3), "{kernel:?}");
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn lora_carrying_kernel_matches_f64(kernel: Kernel) {
         let r16 = |v: f32| bf16::from_f32(v).to_f64();
         // a branch operand as the kernel carries it: bf16 plus its bf16 remainder
         let split = |v: f32| r16(v) + r16(v - bf16::from_f32(v).to_f32());
@@ -659,7 +710,12 @@ mod tests {
             for tokens in [1, 7, 33, 256] {
                 let x = values(tokens * in_f, 0.71, 2.0);
                 let (mut y, mut xa) = (vec![f32::NAN; tokens * out_f], vec![f32::NAN; tokens * rank]);
-                assert!(forward_lora(Kernel::Amx, &mut y, &x, tokens, w, lora, &mut xa));
+                let carries = forward_lora(kernel, &mut y, &x, tokens, w, lora, &mut xa);
+                if kernel == Kernel::Avx512Bf16 && rank > 16 {
+                    assert!(!carries && y.iter().chain(&xa).all(|v| v.is_nan()), "{kernel:?} r{rank}: declines, writing nothing");
+                    continue;
+                }
+                assert!(carries, "{kernel:?} r{rank} carries");
                 assert_close(&xa, &reference_split(&x, tokens, in_f, |p, j| a[j * in_f + p], rank, 1.0), "xa");
                 let frozen = reference(&x, tokens, in_f, |p, j| w_at(j, p), out_f);
                 let want: Vec<(f64, f64)> = (0..tokens * out_f)
@@ -674,9 +730,10 @@ mod tests {
                 let dy = values(tokens * out_f, 0.53, 0.8);
                 let (mut dx, mut dxa) = (vec![f32::NAN; tokens * in_f], vec![f32::NAN; tokens * rank]);
                 let mut db = vec![f32::NAN; out_f * rank];
-                let carried = input_grad_lora(Kernel::Amx, &mut dx, &dy, tokens, w, lora, &mut dxa, Some((&xa, &mut db)));
-                assert_eq!(carried, if rank <= 32 { Carried::BranchAndDb } else { Carried::Branch });
-                if rank <= 32 {
+                let carried = input_grad_lora(kernel, &mut dx, &dy, tokens, w, lora, &mut dxa, Some((&xa, &mut db)));
+                let with_db = kernel == Kernel::Amx && rank <= 32;
+                assert_eq!(carried, if with_db { Carried::BranchAndDb } else { Carried::Branch });
+                if with_db {
                     // db[o][j] = 1.75 sum_t bf16(dy[t][o]) split(xa[t][j])
                     let want_db: Vec<(f64, f64)> = (0..out_f * rank)
                         .map(|e| {
