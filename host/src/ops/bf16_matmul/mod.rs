@@ -569,19 +569,23 @@ mod tests {
     }
 
     /// The portable kernel and the tile kernels this CPU runs (the
-    /// AVX512-BF16 and BFMMLA kernels have their own tests too); a skip of
+    /// AVX512-BF16 and BFMMLA kernels have their own tests too; on an AMX
+    /// CPU both AMX and AVX512-BF16 are listed); a skip of
     /// the tile kernels' part when there are none.
     fn kernels() -> Vec<Kernel> {
         let mut kernels = vec![Kernel::Portable];
         if amx_available() {
             kernels.push(Kernel::Amx);
         }
+        if avx512bf16_available() {
+            kernels.push(Kernel::Avx512Bf16);
+        }
         if neon_bfmmla_available() {
             kernels.push(Kernel::NeonBfmmla);
         }
         if kernels.len() == 1 {
             crate::test_skip::skip_allowed_in_ci(
-                "the tile kernels' part: no AMX-BF16 or BFMMLA on this CPU/OS (the portable kernel is checked)",
+                "the tile kernels' part: no AMX-BF16, AVX512-BF16 or BFMMLA on this CPU/OS (the portable kernel is checked)",
                 crate::test_skip::CPU_CLASS_VARIES,
             );
         }
