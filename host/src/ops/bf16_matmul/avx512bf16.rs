@@ -25,7 +25,7 @@
 //! `3r` extra reduction elements of every tile, so no separate `[T, out]`
 //! pass exists.
 use super::portable::grown;
-use super::round_bits;
+use super::{round_bits, widen};
 use crate::ops::SharedMut;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -226,7 +226,7 @@ fn carry_sliver(sliver: &mut [u32], (kp, rank): (usize, usize), side_panel: &[u3
             *v = side_scale * (t[j] + t[rank + j]);
             let e = ext_scale * *v;
             let hi = round_bits(e);
-            let lo = round_bits(e - f32::from_bits((hi as u32) << 16));
+            let lo = round_bits(e - widen(hi));
             (ext[j], ext[rank + j], ext[2 * rank + j]) = (hi, lo, hi);
         }
         pairs_down(&ext[..3 * rank], sliver[kp * MR + r..].iter_mut().step_by(MR), |b| b);
