@@ -419,7 +419,7 @@ mod tests {
 
     /// A Q4 checkpoint's bf16 projection held in its blocks computes the
     /// same bits as one holding the bf16 copy of the dequantized weight:
-    /// both products, the LoRA-carrying ones and the rows.
+    /// both products, the LoRA-carrying ones (both directions) and the rows.
     #[test]
     fn bf16_projection_on_q4_blocks_equals_its_bf16_copy() {
         if !quant_bf16::available() {
@@ -445,7 +445,10 @@ mod tests {
                 p.scaled_rows(&[0, 5, out_f - 1], &[1.0, -0.5, 3.0], &mut rows).unwrap();
                 let (mut yl, mut side) = (vec![0.0; tokens * out_f], vec![0.0; tokens * rank]);
                 let carried = p.apply_carrying_lora(Product { dir: Direction::Forward, input: &x, tokens, out: &mut yl }, lora, &mut side, None).unwrap();
-                [y, dx, rows, yl, side, vec![(carried == Carried::Branch) as u8 as f32]].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+                let (mut dxl, mut dside) = (vec![0.0; tokens * in_f], vec![0.0; tokens * rank]);
+                let back = p.apply_carrying_lora(Product { dir: Direction::InputGrad, input: &dy, tokens, out: &mut dxl }, lora, &mut dside, None).unwrap();
+                let how = vec![(carried == Carried::Branch) as u8 as f32, (back == Carried::Branch) as u8 as f32];
+                [y, dx, rows, yl, side, dxl, dside, how].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
             };
             assert_eq!(run(&blocks), run(&copy), "{dtype:?}");
         }

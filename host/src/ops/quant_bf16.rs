@@ -4,9 +4,10 @@
 //!
 //! Why: training holds its frozen weights in bf16 (half of f32), ~203 MiB
 //! for SmolLM2-135M's layers. Their Q4 blocks are ~63 MiB. A projection
-//! that keeps the blocks and decodes them into a scratch table before each
-//! product computes exactly what the bf16 copy computes, at a fraction of
-//! the resident memory (`model::cpu_projection::Bf16Projection`).
+//! that keeps the blocks and decodes them as a kernel packs its panels (or
+//! into a scratch table before each product) computes exactly what the
+//! bf16 copy computes, at a fraction of the resident memory
+//! (`model::cpu_projection::Bf16Projection`).
 //!
 //! A Q4 weight is `d q + m` with an f16 `d`, an f16 or exact `m` and a
 //! nibble `q`: `d q` is exact in f32, so one FMA gives the dequantized

@@ -16,6 +16,7 @@
 //! belongs to the process: threads that existed before the request (rayon's
 //! workers) and threads started after it may all use the tiles (checked on
 //! this machine), so it is asked for once.
+use super::avx512_pack::{lanes, round16, transpose16, Source};
 use crate::ops::SharedMut;
 use rayon::prelude::*;
 use std::arch::asm;
@@ -31,67 +32,6 @@ pub(super) const TILE_U16: usize = TM * TK;
 const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
 const XFEATURE_XTILEDATA: i64 = 18;
 const SYS_ARCH_PRCTL: i64 = 158;
-
-/// A product's B operand as the panels read it: bf16 bits, or a Q4
-/// checkpoint's blocks decoded to the same bits as each tile is packed
-/// (`crate::ops::quant_bf16`), so the weight is never held or read in bf16.
-#[derive(Clone, Copy)]
-pub(super) enum Source<'a> {
-    /// `[rows, cols]` bf16 bits, row-major.
-    Bits(&'a [u16]),
-    /// `[rows, cols]` Q4_1 (`q4_1`) or Q4_0 blocks; `cols` whole blocks.
-    Q4 { q4_1: bool, bytes: &'a [u8] },
-}
-
-impl Source<'_> {
-    /// Bytes of `n` values (a whole number of blocks for Q4).
-    fn bytes_of(self, n: usize) -> usize {
-        match self {
-            Source::Bits(_) => 2 * n,
-            Source::Q4 { q4_1, .. } => {
-                let dtype = if q4_1 { crate::model::source::DType::Q4_1 } else { crate::model::source::DType::Q4_0 };
-                n / TK * dtype.bytes_for(TK).expect("one block")
-            }
-        }
-    }
-
-    /// Panics unless it holds `[rows, cols]`.
-    fn check(self, (rows, cols): (usize, usize)) {
-        match self {
-            Source::Bits(w) => assert!(w.len() >= rows * cols, "bf16 weight length"),
-            Source::Q4 { bytes, .. } => assert!(cols % TK == 0 && bytes.len() >= self.bytes_of(rows * cols), "Q4 weight length"),
-        }
-    }
-
-    /// Values `c0 .. c0 + 32` of row `r` of a `[_, cols]` operand, lanes
-    /// `mask` leaves out zero (a Q4 row is whole blocks: `c0` starts one).
-    ///
-    /// # Safety
-    /// AVX-512 F and BW available; row `r` exists ([`Source::check`]).
-    #[target_feature(enable = "avx512f,avx512bw")]
-    #[inline]
-    unsafe fn load32(self, r: usize, cols: usize, c0: usize, mask: u32) -> std::arch::x86_64::__m512i {
-        use std::arch::x86_64::*;
-        match self {
-            // SAFETY: the mask stops at column `cols` of row r.
-            Source::Bits(w) => unsafe { _mm512_maskz_loadu_epi16(mask, w.as_ptr().add(r * cols + c0).cast()) },
-            Source::Q4 { q4_1, bytes } => {
-                debug_assert!(c0 % TK == 0);
-                // SAFETY: block (r cols + c0) / 32 of `bytes` exists.
-                unsafe { crate::ops::quant_bf16::x86::block(q4_1, bytes.as_ptr().add(self.bytes_of(r * cols + c0))) }
-            }
-        }
-    }
-
-    /// Asks for the cache lines of values `c0 .. c0 + width` of row `r`.
-    fn prefetch(self, r: usize, cols: usize, c0: usize, width: usize) {
-        let (base, at) = match self {
-            Source::Bits(w) => (w.as_ptr().cast::<u8>(), 2 * (r * cols + c0)),
-            Source::Q4 { bytes, .. } => (bytes.as_ptr(), self.bytes_of(r * cols + c0)),
-        };
-        prefetch_bytes(base.wrapping_add(at) as usize, self.bytes_of(width));
-    }
-}
 
 /// CPUID says AMX-TILE and AMX-BF16, and Linux granted the tile state.
 pub(super) fn available() -> bool {
@@ -255,17 +195,6 @@ fn input_grad_riding(out: &mut [f32], dy: &[f32], tokens: usize, w: Source<'_>, 
     product(out, dy, (tokens, rows), cols, &prep, &touch, ride);
 }
 
-/// Asks for the cache lines of `len` bytes from address `start` to be
-/// brought into L2 (no fault, no wait).
-fn prefetch_bytes(start: usize, len: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    let end = start + len;
-    for line in (start & !63..end).step_by(64) {
-        // SAFETY: prefetch never faults; the lines belong to `v`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(line as *const i8) };
-    }
-}
-
 /// Asks for the lines of `out: [m, n]` that the block at rows `m0..` and
 /// columns `n0..` will write, for writing (a plain store that misses waits
 /// for the line; measured: a third of a 256x576->1536 forward went there).
@@ -278,15 +207,6 @@ fn prefetch_out(out: *mut f32, (m, n): (usize, usize), m0: usize, n0: usize) {
             // SAFETY: prefetch never faults.
             unsafe { _mm_prefetch::<_MM_HINT_ET0>(line as *const i8) };
         }
-    }
-}
-
-/// Lanes `0 .. len` (at most 32) set.
-pub(super) fn lanes(len: usize) -> u32 {
-    if len >= 32 {
-        u32::MAX
-    } else {
-        (1u32 << len) - 1
     }
 }
 
@@ -311,45 +231,6 @@ pub(super) unsafe fn pairs_transposed(tile: &mut [u16], w: Source<'_>, (n, k): (
         // SAFETY: `tile` holds 16 rows of 64 bytes.
         unsafe { _mm512_storeu_si512(dst.add(i), *row) };
     }
-}
-
-/// 16x16 transpose of 32-bit values: lane `j` of result row `i` is lane
-/// `i` of `r[j]`.
-///
-/// # Safety
-/// AVX-512 F available.
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) unsafe fn transpose16(r: &[std::arch::x86_64::__m512i; TM]) -> [std::arch::x86_64::__m512i; TM] {
-    use std::arch::x86_64::*;
-    // 32-bit then 64-bit interleaves within 128-bit lanes: u[4g + j] lane l
-    // holds column 4l + j of rows 4g .. 4g + 4.
-    let mut t = [_mm512_setzero_si512(); TM];
-    for i in 0..TM / 2 {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    let mut u = [_mm512_setzero_si512(); TM];
-    for g in 0..4 {
-        let q = &t[4 * g..4 * g + 4];
-        u[4 * g] = _mm512_unpacklo_epi64(q[0], q[2]);
-        u[4 * g + 1] = _mm512_unpackhi_epi64(q[0], q[2]);
-        u[4 * g + 2] = _mm512_unpacklo_epi64(q[1], q[3]);
-        u[4 * g + 3] = _mm512_unpackhi_epi64(q[1], q[3]);
-    }
-    // 4x4 transpose of 128-bit lanes: output row 4l + j = lane l of u[j], u[4 + j], u[8 + j], u[12 + j].
-    let mut out = [_mm512_setzero_si512(); TM];
-    for j in 0..4 {
-        let a = _mm512_shuffle_i32x4::<0x44>(u[j], u[4 + j]);
-        let b = _mm512_shuffle_i32x4::<0xEE>(u[j], u[4 + j]);
-        let c = _mm512_shuffle_i32x4::<0x44>(u[8 + j], u[12 + j]);
-        let d = _mm512_shuffle_i32x4::<0xEE>(u[8 + j], u[12 + j]);
-        out[j] = _mm512_shuffle_i32x4::<0x88>(a, c);
-        out[4 + j] = _mm512_shuffle_i32x4::<0xDD>(a, c);
-        out[8 + j] = _mm512_shuffle_i32x4::<0x88>(b, d);
-        out[12 + j] = _mm512_shuffle_i32x4::<0xDD>(b, d);
-    }
-    out
 }
 
 /// The two input-gradient B tiles of weight rows `o0 .. o0 + 32` and
@@ -472,22 +353,6 @@ unsafe fn round_block(blk: &mut [u16], x: &[f32], k: usize, (p0, width): (usize,
             unsafe { _mm256_storeu_si256(dst.add((p / TK) * 2 * TILE_U16 + i * TK + p % TK).cast(), bits) };
         }
     }
-}
-
-/// bf16 bits of 16 f32 (given as their bits), rounded as
-/// [`super::round_bits`] does.
-///
-/// # Safety
-/// AVX-512 F and BW available.
-#[target_feature(enable = "avx512f,avx512bw")]
-#[inline]
-unsafe fn round16(b: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
-    let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff)), _mm512_set1_epi32(0x7f80_0000));
-    let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
-    _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet))
 }
 
 /// Reduction columns per pass of [`product`]: the rounded activation of

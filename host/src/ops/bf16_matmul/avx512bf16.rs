@@ -7,8 +7,11 @@
 //! Operands are packed so that a pair runs along the reduction: the
 //! activation (rounded to bf16 once per call) into slivers of [`MR`] rows,
 //! `[pairs][MR]` dwords of two bf16 each; per 32-column output panel the
-//! weight into `[pairs][32]` dwords, widened from nothing (bf16 stays
-//! bf16), so a panel is half the bytes of the f32 kernels' panels. A
+//! weight into `[pairs][32]` dwords, read as bf16 bits or decoded from its
+//! Q4 blocks on the way (so a Q4 weight is never held in bf16), half the
+//! bytes of the f32 kernels' panels. Both are packed in AVX-512 registers
+//! (`avx512_pack.rs`): rounding 16 values at a time, then a register
+//! transpose (as scalar loops they took ~15% of a Zen 4 training step). A
 //! register tile of `MR x 32` outputs broadcasts one activation dword per
 //! row and multiplies it with the panel's two 16-lane vectors of the same
 //! pair. An odd reduction length pads the last pair with a zero.
@@ -24,6 +27,7 @@
 //! against the factor's hi and lo bf16 halves, and the up product runs as
 //! `3r` extra reduction elements of every tile, so no separate `[T, out]`
 //! pass exists.
+use super::avx512_pack::{lanes, round16, transpose16, transpose8, Source};
 use super::portable::grown;
 use super::{round_bits, widen};
 use crate::ops::SharedMut;
@@ -35,19 +39,24 @@ pub(super) const MR: usize = 8;
 /// Columns of a register tile: two vectors of 16 f32 lanes (one panel).
 pub(super) const NR: usize = 32;
 
-/// Whether this CPU has AVX-512F and AVX512-BF16.
+/// Whether this CPU has AVX-512 F, BW and BF16 (every AVX512-BF16 CPU
+/// has BW, which the packing uses).
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16")
 }
 
-/// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]` bits.
-pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], n: usize, k: usize) {
-    run(out, x, (tokens, k, n), &|n0, width, panel| rows_down(w, k, n0, width, panel), None);
+/// `out[tokens, n] = bf16(x[tokens, k]) W^T`, `w: [n, k]`.
+pub(super) fn forward(out: &mut [f32], x: &[f32], tokens: usize, w: Source<'_>, n: usize, k: usize) {
+    w.check((n, k));
+    // SAFETY: `available()` was checked by the dispatcher; `w` holds [n, k].
+    run(out, x, (tokens, k, n), &|n0, width, panel| unsafe { rows_down(w, (n, k), n0, width, panel) }, None);
 }
 
-/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]` bits.
-pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], rows: usize, cols: usize) {
-    run(out, dy, (tokens, rows, cols), &|c0, width, panel| row_pairs(w, (rows, cols), c0, width, panel), None);
+/// `out[tokens, cols] = bf16(dy[tokens, rows]) W`, `w: [rows, cols]`.
+pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: Source<'_>, rows: usize, cols: usize) {
+    w.check((rows, cols));
+    // SAFETY: `available()` was checked by the dispatcher; `w` holds [rows, cols].
+    run(out, dy, (tokens, rows, cols), &|c0, width, panel| unsafe { row_pairs(w, (rows, cols), c0, width, panel) }, None);
 }
 
 /// [`forward`] carrying a LoRA branch (`a2 = [A_hi; A_lo]: [2r, k]`, `b3 =
@@ -55,12 +64,17 @@ pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: &[u16], 
 /// bf16(x) A^T`, then `out = bf16(x) W^T + scale xa B^T`, the branch's up
 /// product riding as `3r` extra reduction elements of the same tiles.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: &[u16], (n, k): (usize, usize), (a2, b3, r): (&[u16], &[u16], usize), scale: f32, xa: &mut [f32]) {
+pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: Source<'_>, (n, k): (usize, usize), (a2, b3, r): (&[u16], &[u16], usize), scale: f32, xa: &mut [f32]) {
+    w.check((n, k));
+    let (a2, b3) = (Source::Bits(a2), Source::Bits(b3));
+    (a2.check((2 * r, k)), b3.check((n, 3 * r)));
     let mut side_panel = vec![0; k.div_ceil(2) * NR];
-    rows_down(a2, k, 0, 2 * r, &mut side_panel);
-    let ext = |n0: usize, width: usize, panel: &mut [u32]| rows_down(b3, 3 * r, n0, width, panel);
+    // SAFETY (the three panel fills): `available()` was checked by the
+    // dispatcher; each operand holds the shape it is read as (checked above).
+    unsafe { rows_down(a2, (2 * r, k), 0, 2 * r, &mut side_panel) };
+    let ext = |n0: usize, width: usize, panel: &mut [u32]| unsafe { rows_down(b3, (n, 3 * r), n0, width, panel) };
     let carry = Carry { side_panel, rank: r, side_scale: 1.0, side: xa, ext_scale: scale, ext_fill: &ext };
-    run(out, x, (tokens, k, n), &|n0, width, panel| rows_down(w, k, n0, width, panel), Some(carry));
+    run(out, x, (tokens, k, n), &|n0, width, panel| unsafe { rows_down(w, (n, k), n0, width, panel) }, Some(carry));
 }
 
 /// [`input_grad`] carrying a LoRA branch (`a3 = [A_hi; A_hi; A_lo]: [3r,
@@ -71,44 +85,115 @@ pub(super) fn input_grad_lora(
     out: &mut [f32],
     dy: &[f32],
     tokens: usize,
-    w: &[u16],
+    w: Source<'_>,
     (rows, cols): (usize, usize),
     (a3, b2, r): (&[u16], &[u16], usize),
     scale: f32,
     dxa: &mut [f32],
 ) {
+    w.check((rows, cols));
+    let (a3, b2) = (Source::Bits(a3), Source::Bits(b2));
+    (a3.check((3 * r, cols)), b2.check((rows, 2 * r)));
     let mut side_panel = vec![0; rows.div_ceil(2) * NR];
-    row_pairs(b2, (rows, 2 * r), 0, 2 * r, &mut side_panel);
-    let ext = |c0: usize, width: usize, panel: &mut [u32]| row_pairs(a3, (3 * r, cols), c0, width, panel);
+    // SAFETY (the three panel fills): `available()` was checked by the
+    // dispatcher; each operand holds the shape it is read as (checked above).
+    unsafe { row_pairs(b2, (rows, 2 * r), 0, 2 * r, &mut side_panel) };
+    let ext = |c0: usize, width: usize, panel: &mut [u32]| unsafe { row_pairs(a3, (3 * r, cols), c0, width, panel) };
     let carry = Carry { side_panel, rank: r, side_scale: scale, side: dxa, ext_scale: 1.0, ext_fill: &ext };
-    run(out, dy, (tokens, rows, cols), &|c0, width, panel| row_pairs(w, (rows, cols), c0, width, panel), Some(carry));
+    run(out, dy, (tokens, rows, cols), &|c0, width, panel| unsafe { row_pairs(w, (rows, cols), c0, width, panel) }, Some(carry));
 }
 
 /// Panel of the forward: `panel[p][j] = (W[n0 + j][2p], W[n0 + j][2p + 1])`
-/// for `w: [.., k]`, row `j` of W written down column `j` (a transpose;
-/// columns past `width` are zero).
-fn rows_down(w: &[u16], k: usize, n0: usize, width: usize, panel: &mut [u32]) {
-    for j in 0..NR {
-        let row = if j < width { &w[(n0 + j) * k..(n0 + j + 1) * k] } else { &[][..] };
-        pairs_down(row, panel[j..].iter_mut().step_by(NR), |b| b);
+/// for `w: [n, k]`, row `j` of W written down column `j` (columns past
+/// `width` are zero): per 32 values of the reduction, 16 rows loaded (or
+/// decoded) and transposed as 16x16 dwords.
+///
+/// # Safety
+/// AVX-512 F and BW available; `w` holds `[n, k]`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn rows_down(w: Source<'_>, (n, k): (usize, usize), n0: usize, width: usize, panel: &mut [u32]) {
+    let kp = k.div_ceil(2);
+    assert!(panel.len() == kp * NR && n0 + width <= n && width <= NR, "forward panel");
+    let dst = panel.as_mut_ptr();
+    for c0 in (0..k).step_by(2 * 16) {
+        let (p0, mask) = (c0 / 2, lanes(k - c0));
+        for j0 in [0, 16] {
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (j, v) in r.iter_mut().enumerate().take(width.saturating_sub(j0)) {
+                // SAFETY: row n0 + j0 + j < n of `w`.
+                *v = unsafe { w.load32(n0 + j0 + j, k, c0, mask) };
+            }
+            // SAFETY: as above; pair p0 + i < kp, so each store of 16
+            // dwords at column j0 <= 16 stays inside `panel`.
+            unsafe {
+                for (i, row) in transpose16(&r).iter().enumerate().take(kp - p0) {
+                    _mm512_storeu_si512(dst.add((p0 + i) * NR + j0).cast(), *row);
+                }
+            }
+        }
     }
 }
 
+/// Word `i` of an interleave of rows `a` and `b` (`_mm512_permutex2var_epi16`
+/// indices): even words from `a`, odd from `b`, columns `16 h ..`.
+const fn interleave(h: u16) -> [u16; 32] {
+    let mut idx = [0; 32];
+    let mut i = 0;
+    while i < 32 {
+        idx[i] = i as u16 / 2 + 16 * h + if i % 2 == 1 { 32 } else { 0 };
+        i += 1;
+    }
+    idx
+}
+
 /// Panel of the input gradient: `panel[p][j] = (W[2p][c0 + j], W[2p + 1][c0
-/// + j])` for `w: [rows, cols]`, two rows' runs of `width` weights
-/// interleaved (a loop the compiler vectorizes); the padding (columns past
-/// `width`, a row past the last) is zero.
-fn row_pairs(w: &[u16], (rows, cols): (usize, usize), c0: usize, width: usize, panel: &mut [u32]) {
-    let run = |o: usize| if o < rows { &w[o * cols + c0..o * cols + c0 + width] } else { &[][..] };
+/// + j])` for `w: [rows, cols]`: two rows' 32 values loaded (or decoded)
+/// and interleaved in registers; the padding (columns past `width`, a row
+/// past the last) is zero.
+///
+/// # Safety
+/// AVX-512 F and BW available; `w` holds `[rows, cols]`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn row_pairs(w: Source<'_>, (rows, cols): (usize, usize), c0: usize, width: usize, panel: &mut [u32]) {
+    assert!(panel.len() == rows.div_ceil(2) * NR && c0 + width <= cols && width <= NR, "input-gradient panel");
+    let mask = lanes(width);
+    // SAFETY: row o < rows of `w`; the mask stops at column c0 + width.
+    let load = |o: usize| if o < rows { unsafe { w.load32(o, cols, c0, mask) } } else { _mm512_setzero_si512() };
+    // SAFETY: 32 u16 each.
+    let (lo, hi) = unsafe { (_mm512_loadu_si512(interleave(0).as_ptr().cast()), _mm512_loadu_si512(interleave(1).as_ptr().cast())) };
     for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
-        // 2p < rows always (the panel has rows.div_ceil(2) pairs); 2p + 1 may not be.
-        let (lo, hi) = (run(2 * p), run(2 * p + 1));
-        let (cells, pad) = dst.split_at_mut(width);
-        pad.fill(0);
-        if hi.is_empty() {
-            cells.iter_mut().zip(lo).for_each(|(d, &a)| *d = a as u32);
-        } else {
-            cells.iter_mut().zip(lo).zip(hi).for_each(|((d, &a), &b)| *d = a as u32 | (b as u32) << 16);
+        let (a, b) = (load(2 * p), load(2 * p + 1));
+        let dst = dst.as_mut_ptr().cast::<__m512i>();
+        // SAFETY: `dst` holds NR = 32 dwords.
+        unsafe {
+            _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512(dst.add(1), _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/// Rows `a: [rows <= MR, k]` into a sliver's first `kp` pairs: `dst[p][r] =
+/// (bf16(a[r][2p]), bf16(a[r][2p + 1]))` ([`round_bits`]), an odd last
+/// element paired with zero, rows past `rows` zero. Per 16 values: each
+/// row rounded in one register, the 8 rows transposed as 8x8 dwords.
+///
+/// # Safety
+/// AVX-512 F and BW available.
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+unsafe fn pack_sliver(a: &[f32], (rows, k): (usize, usize), dst: &mut [u32]) {
+    let kp = k.div_ceil(2);
+    assert!(rows <= MR && a.len() == rows * k && dst.len() == kp * MR, "sliver lengths");
+    let mut v = [_mm256_setzero_si256(); MR];
+    for p0 in (0..kp).step_by(8) {
+        let c0 = 2 * p0;
+        let mask = lanes(k - c0) as u16;
+        for (r, v) in v.iter_mut().enumerate().take(rows) {
+            // SAFETY: the mask stops at the end of row r (masked lanes never fault).
+            *v = unsafe { round16(_mm512_castps_si512(_mm512_maskz_loadu_ps(mask, a.as_ptr().add(r * k + c0)))) };
+        }
+        for (i, pair) in unsafe { transpose8(&v) }.iter().enumerate().take(kp - p0) {
+            // SAFETY: pair p0 + i < kp: inside `dst`.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add((p0 + i) * MR).cast(), *pair) };
         }
     }
 }
@@ -130,20 +215,18 @@ struct Carry<'a> {
     ext_fill: &'a (dyn Fn(usize, usize, &mut [u32]) + Sync),
 }
 
-/// Writes `row` down `cells` in pairs: `bits` of elements `2p` and `2p + 1`
-/// as cell `p`'s dword (low half first, as `VDPBF16PS` pairs them), an odd
-/// last element with a zero high half, and zero in the cells past the row.
-/// Read in order and without per-element bounds checks: the forward's
-/// panels and the activation's slivers both pack this way (indexed per
-/// element, it took a fifth of a Zen 4 training step).
-fn pairs_down<'a, T: Copy>(row: &[T], mut cells: impl Iterator<Item = &'a mut u32>, bits: impl Fn(T) -> u16) {
+/// Writes the bf16 bits `row` down `cells` in pairs: elements `2p` and
+/// `2p + 1` as cell `p`'s dword (low half first, as `VDPBF16PS` pairs
+/// them), an odd last element with a zero high half, and zero in the cells
+/// past the row (a carried branch's few extra pairs per sliver row).
+fn pairs_down<'a>(row: &[u16], mut cells: impl Iterator<Item = &'a mut u32>) {
     let (pairs, odd) = row.split_at(row.len() & !1);
     // (pairs first: zip stops on it without taking a cell)
     for (two, d) in pairs.chunks_exact(2).zip(cells.by_ref()) {
-        *d = bits(two[0]) as u32 | (bits(two[1]) as u32) << 16;
+        *d = two[0] as u32 | (two[1] as u32) << 16;
     }
     if let [last] = odd {
-        cells.next().into_iter().for_each(|d| *d = bits(*last) as u32);
+        cells.next().into_iter().for_each(|d| *d = *last as u32);
     }
     cells.for_each(|d| *d = 0);
 }
@@ -168,11 +251,9 @@ fn run(out: &mut [f32], a: &[f32], (m, k, n): (usize, usize, usize), fill: &(dyn
     // sliver[s][p][r] = (bf16(a[s * MR + r][2p]), bf16(a[s * MR + r][2p + 1]))
     // (rows past m are zero), then the branch's pairs
     let pack = |s: usize, dst: &mut [u32]| {
-        for r in 0..MR {
-            let row = s * MR + r;
-            let src = if row < m { &a[row * k..(row + 1) * k] } else { &[][..] };
-            pairs_down(src, dst[r..].iter_mut().step_by(MR), round_bits);
-        }
+        let rows = (m - s * MR).min(MR);
+        // SAFETY: `available()` was checked by the dispatcher.
+        unsafe { pack_sliver(&a[s * MR * k..(s * MR + rows) * k], (rows, k), &mut dst[..kp * MR]) };
     };
     match carry.as_mut() {
         None => slivers.par_chunks_mut(kpt * MR).enumerate().for_each(|(s, dst)| pack(s, dst)),
@@ -229,7 +310,7 @@ fn carry_sliver(sliver: &mut [u32], (kp, rank): (usize, usize), side_panel: &[u3
             let lo = round_bits(e - widen(hi));
             (ext[j], ext[rank + j], ext[2 * rank + j]) = (hi, lo, hi);
         }
-        pairs_down(&ext[..3 * rank], sliver[kp * MR + r..].iter_mut().step_by(MR), |b| b);
+        pairs_down(&ext[..3 * rank], sliver[kp * MR + r..].iter_mut().step_by(MR));
     }
 }
 
@@ -268,6 +349,7 @@ thread_local! {
 
 #[cfg(test)]
 mod tests {
+    use super::super::kernel_check::Direct;
     use super::*;
 
     /// Against f64 of the bf16-rounded operands, edges in every dimension
@@ -283,8 +365,60 @@ mod tests {
             );
         }
         let shapes = [(1, 3, 5), (13, 40, 21), (37, 70, 96), (256, 33, 64), (9, 576, 1536)];
-        super::super::kernel_check::check_kernel(forward, input_grad, &shapes, |got, want, _, k| {
+        let (fwd, grad): (Direct, Direct) = (|o, x, t, w, n, k| forward(o, x, t, Source::Bits(w), n, k), |o, x, t, w, n, k| input_grad(o, x, t, Source::Bits(w), n, k));
+        super::super::kernel_check::check_kernel(fwd, grad, &shapes, |got, want, _, k| {
             (got as f64 - want).abs() < 1e-6 * (k as f64).sqrt() * (1.0 + want.abs())
         });
+    }
+
+    /// Bit patterns of every kind: a hash of the index (NaNs, infinities,
+    /// subnormals, both signs), with exact rounding ties mixed in.
+    fn patterns(n: usize, seed: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| if i % 5 == 0 { 0x3f80_8000 | (i & 1) << 16 } else { (i ^ seed).wrapping_mul(2_654_435_761).rotate_left(i % 32) }).collect()
+    }
+
+    /// The vector packing equals its scalar definitions bit for bit: the
+    /// activation's slivers ([`round_bits`] in pairs down the rows, zero
+    /// padding), the forward's and the input gradient's weight panels.
+    #[test]
+    fn packing_equals_its_scalar_definition() {
+        if !available() {
+            return crate::test_skip::skip_allowed_in_ci("no AVX512-BF16 on this CPU", crate::test_skip::CPU_CLASS_VARIES);
+        }
+        for (rows, k) in [(8, 576), (3, 33), (8, 1), (1, 17), (5, 100), (8, 16)] {
+            let a: Vec<f32> = patterns(rows * k, 7).into_iter().map(f32::from_bits).collect();
+            let kp = k.div_ceil(2);
+            let mut got = vec![0xdead_beef; kp * MR];
+            // SAFETY: `available()`.
+            unsafe { pack_sliver(&a, (rows, k), &mut got) };
+            let at = |r: usize, c: usize| if r < rows && c < k { round_bits(a[r * k + c]) as u32 } else { 0 };
+            let want: Vec<u32> = (0..kp * MR).map(|e| at(e % MR, 2 * (e / MR)) | at(e % MR, 2 * (e / MR) + 1) << 16).collect();
+            assert_eq!(got, want, "sliver {rows}x{k}");
+        }
+        for (n, k) in [(70, 101), (32, 576), (5, 32), (40, 48)] {
+            let w: Vec<u16> = patterns(n * k, 3).into_iter().map(|b| b as u16).collect();
+            let at = |r: usize, c: usize| if r < n && c < k { w[r * k + c] as u32 } else { 0 };
+            for n0 in (0..n).step_by(NR) {
+                let width = NR.min(n - n0);
+                let mut got = vec![0xdead_beef; kp_of(k) * NR];
+                // SAFETY: `available()`; `w` holds [n, k].
+                unsafe { rows_down(Source::Bits(&w), (n, k), n0, width, &mut got) };
+                let want: Vec<u32> = (0..got.len()).map(|e| if e % NR < width { at(n0 + e % NR, 2 * (e / NR)) | at(n0 + e % NR, 2 * (e / NR) + 1) << 16 } else { 0 }).collect();
+                assert_eq!(got, want, "forward panel {n}x{k} at {n0}");
+            }
+            // the same table read as the input gradient's [rows = n, cols = k]
+            for c0 in (0..k).step_by(NR) {
+                let width = NR.min(k - c0);
+                let mut got = vec![0xdead_beef; kp_of(n) * NR];
+                // SAFETY: as above.
+                unsafe { row_pairs(Source::Bits(&w), (n, k), c0, width, &mut got) };
+                let want: Vec<u32> = (0..got.len()).map(|e| if e % NR < width { at(2 * (e / NR), c0 + e % NR) | at(2 * (e / NR) + 1, c0 + e % NR) << 16 } else { 0 }).collect();
+                assert_eq!(got, want, "input-gradient panel {n}x{k} at {c0}");
+            }
+        }
+    }
+
+    fn kp_of(k: usize) -> usize {
+        k.div_ceil(2)
     }
 }

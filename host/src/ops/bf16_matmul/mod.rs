@@ -39,6 +39,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx512_pack;
+#[cfg(target_arch = "x86_64")]
 mod avx512bf16;
 #[cfg(target_arch = "aarch64")]
 mod neon_bfmmla;
@@ -130,9 +132,9 @@ impl<'a> Rows<'a> {
 
 /// The frozen weight `[rows, cols]` of one product: rows of a bf16 table,
 /// or a Q4_0/Q4_1 checkpoint's blocks, which compute exactly as their bf16
-/// rounding would (`crate::ops::quant_bf16`): the AMX kernel decodes them
-/// as it packs its tiles, the other kernels decode the whole weight into a
-/// scratch table first.
+/// rounding would (`crate::ops::quant_bf16`): the AMX and AVX512-BF16
+/// kernels decode them as they pack their panels, the others decode the
+/// whole weight into a scratch table first.
 #[derive(Clone, Copy)]
 pub enum Weight<'a> {
     /// Rows of a bf16 table.
@@ -179,10 +181,10 @@ impl<'a> Weight<'a> {
 
     /// The AMX kernel's view.
     #[cfg(target_arch = "x86_64")]
-    fn source(&self) -> amx::Source<'a> {
+    fn source(&self) -> avx512_pack::Source<'a> {
         match *self {
-            Weight::Bf16(w) => amx::Source::Bits(w.bits()),
-            Weight::Q4 { dtype, bytes, .. } => amx::Source::Q4 { q4_1: dtype == DType::Q4_1, bytes },
+            Weight::Bf16(w) => avx512_pack::Source::Bits(w.bits()),
+            Weight::Q4 { dtype, bytes, .. } => avx512_pack::Source::Q4 { q4_1: dtype == DType::Q4_1, bytes },
         }
     }
 
@@ -298,7 +300,7 @@ pub fn forward<'a>(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usize, w:
         Kernel::Amx if amx::available() => amx::forward(out, x, tokens, w.source(), n, k),
         Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Bf16 if avx512bf16::available() => w.with_bits(|w| avx512bf16::forward(out, x, tokens, w, n, k)),
+        Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::forward(out, x, tokens, w.source(), n, k),
         Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
         #[cfg(target_arch = "aarch64")]
         Kernel::NeonBfmmla if neon_bfmmla::available() => w.with_bits(|w| neon_bfmmla::forward(out, x, tokens, w, n, k)),
@@ -317,7 +319,7 @@ pub fn input_grad<'a>(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize
         Kernel::Amx if amx::available() => amx::input_grad(out, dy, tokens, w.source(), rows, cols),
         Kernel::Amx => panic!("the AMX kernel was asked for on a CPU without AMX-BF16"),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Bf16 if avx512bf16::available() => w.with_bits(|w| avx512bf16::input_grad(out, dy, tokens, w, rows, cols)),
+        Kernel::Avx512Bf16 if avx512bf16::available() => avx512bf16::input_grad(out, dy, tokens, w.source(), rows, cols),
         Kernel::Avx512Bf16 => panic!("the AVX512-BF16 kernel was asked for on a CPU without it"),
         #[cfg(target_arch = "aarch64")]
         Kernel::NeonBfmmla if neon_bfmmla::available() => w.with_bits(|w| neon_bfmmla::input_grad(out, dy, tokens, w, rows, cols)),
@@ -402,7 +404,7 @@ pub fn forward_lora<'a>(kernel: Kernel, out: &mut [f32], x: &[f32], tokens: usiz
     if lora.carried(kernel, tokens, (k, n), xa) {
         let (a2, b3) = lora.forward_bits();
         match kernel {
-            Kernel::Avx512Bf16 => w.with_bits(|w| avx512bf16::forward_lora(out, x, tokens, w, (n, k), (&a2, &b3, lora.rank), lora.scale, xa)),
+            Kernel::Avx512Bf16 => avx512bf16::forward_lora(out, x, tokens, w.source(), (n, k), (&a2, &b3, lora.rank), lora.scale, xa),
             _ => amx::forward_lora(out, x, tokens, w.source(), (n, k), (&a2, &b3, lora.rank), lora.scale, xa),
         }
         return true;
@@ -440,7 +442,7 @@ pub fn input_grad_lora<'a>(
         if kernel == Kernel::Avx512Bf16 {
             // dB stays the caller's: dY is not kept in an order its product reads
             let (a3, b2) = lora.input_grad_bits();
-            w.with_bits(|w| avx512bf16::input_grad_lora(out, dy, tokens, w, (rows, cols), (&a3, &b2, r), lora.scale, dxa));
+            avx512bf16::input_grad_lora(out, dy, tokens, w.source(), (rows, cols), (&a3, &b2, r), lora.scale, dxa);
             return Carried::Branch;
         }
         let db = db.filter(|(xa, db)| r <= 32 && xa.len() == tokens * r && db.len() == rows * r);

@@ -19,6 +19,7 @@
 //!
 //! Everything here runs on the calling thread: callers parallelise.
 use super::amx::{self, ALayout, Line, TileBuf, Tiles, TILE_U16, TK, TM};
+use super::avx512_pack::{self, Source};
 use std::arch::x86_64::*;
 
 /// Whether [`product`] can run here (AMX, and AVX512-BF16 for rounding,
@@ -105,7 +106,7 @@ unsafe fn fill_rows(dst: *mut u16, src: &[f32], (rows, k): (usize, usize), ld: u
         let len = if i < rows { k.saturating_sub(j).min(TM) } else { 0 };
         // SAFETY: the mask keeps the load inside row i of `src` (no lane
         // at all past the rows: masked lanes never fault).
-        unsafe { _mm512_maskz_loadu_ps(amx::lanes(len) as u16, src.as_ptr().wrapping_add(i * ld + j)) }
+        unsafe { _mm512_maskz_loadu_ps(avx512_pack::lanes(len) as u16, src.as_ptr().wrapping_add(i * ld + j)) }
     };
     for i in 0..rows_p {
         for j in (0..width).step_by(TK) {
@@ -125,14 +126,14 @@ unsafe fn fill_transposed(dst: *mut u16, src: &[f32], (rows, k): (usize, usize),
     let width = k.next_multiple_of(TK);
     // rows i0 .. i0 + 16 of the result, columns j0 .. j0 + 16
     let block = |i0: usize, j0: usize| {
-        let mask = amx::lanes(rows.saturating_sub(i0)) as u16;
+        let mask = avx512_pack::lanes(rows.saturating_sub(i0)) as u16;
         let mut r = [_mm512_setzero_si512(); TM];
         for (jj, v) in r.iter_mut().enumerate().take(k.saturating_sub(j0)) {
             // SAFETY: source row j0 + jj < k, masked to columns i < rows.
             *v = unsafe { _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, src.as_ptr().wrapping_add((j0 + jj) * ld + i0))) };
         }
         // SAFETY: same features.
-        unsafe { amx::transpose16(&r) }
+        unsafe { avx512_pack::transpose16(&r) }
     };
     for i0 in (0..rows_p).step_by(TM) {
         for j0 in (0..width).step_by(TK) {
@@ -168,7 +169,7 @@ impl BPanels {
                 // `pairs_transposed` clips to `[rows, width]`.
                 unsafe {
                     let tile = std::slice::from_raw_parts_mut(dst.add(tile), TILE_U16);
-                    amx::pairs_transposed(tile, amx::Source::Bits(bits), (rows, width), 2 * TM * panel + TM * half, TK * kb);
+                    amx::pairs_transposed(tile, Source::Bits(bits), (rows, width), 2 * TM * panel + TM * half, TK * kb);
                 }
             }
         });
@@ -189,7 +190,7 @@ impl BPanels {
                 // clips to `[rows, width]`.
                 unsafe {
                     let pair = std::slice::from_raw_parts_mut(dst.add(pair), 2 * TILE_U16);
-                    amx::rows_interleaved(pair, amx::Source::Bits(bits), (rows, width), TK * kb, 2 * TM * panel);
+                    amx::rows_interleaved(pair, Source::Bits(bits), (rows, width), TK * kb, 2 * TM * panel);
                 }
             }
         });
