@@ -1,8 +1,8 @@
-//! Attention with its products on the AMX tiles, operands rounded to bf16
-//! and sums in f32 (`bf16_matmul::operands`), for training calls (`q_len
-//! == kv_len`). Same blocks, same softmax and score-gradient code in f32,
-//! same reduction of the partials as the f32 path in `attention.rs`; only
-//! the products differ.
+//! Attention with its products on bf16 tiles (AMX, or `VDPBF16PS` without
+//! it), operands rounded to bf16 and sums in f32 (`bf16_matmul::operands`),
+//! for training calls (`q_len == kv_len`). Same blocks, same softmax and
+//! score-gradient code in f32, same reduction of the partials as the f32
+//! path in `attention.rs`; only the products differ.
 //!
 //! Operands every block reads are laid out once per call and per head:
 //! in the forward the queries (A) and the keys and values (B); in the

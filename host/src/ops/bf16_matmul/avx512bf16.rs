@@ -340,6 +340,49 @@ pub(super) unsafe fn tile(sliver: &[u32], panel: &[u32], kp: usize, out: *mut f3
     }
 }
 
+/// `out[r][j] = alpha sum_p dot(A[r][p], B[p][j])` for `r < rows <= MR`,
+/// `j < cols <= NR`, over `chunks` chunks of 16 pairs, on the layouts of
+/// the attention operands (`operands.rs`, built for AMX tiles): A row-major
+/// (row `r`'s pairs from `a + r * a_stride` dwords; MR rows readable), B
+/// one 32-column panel of VNNI tile pairs, per chunk two 16x16-dword tiles
+/// (columns 0..16, then 16..32), whose row `p` is pair `p`'s 16 columns:
+/// the vector [`tile`] multiplies. Pairs in order, one accumulator lane
+/// per output, as in [`tile`].
+///
+/// # Safety
+/// AVX-512 F and BF16 available; `a` holds MR rows of `16 chunks` dwords
+/// `a_stride` apart, `b` `chunks` tile pairs; `out` holds `rows` rows of
+/// `cols` values, `ld` apart, that nothing else touches meanwhile.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn vnni_block(a: *const u32, a_stride: usize, b: *const u32, chunks: usize, out: *mut f32, ld: usize, (rows, cols): (usize, usize), alpha: f32) {
+    const TILE: usize = 16 * 16;
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for c in 0..chunks {
+        for p in 0..16 {
+            // SAFETY (all loads): inside the operands, as the caller promises.
+            let (b0, b1): (__m512bh, __m512bh) = unsafe {
+                let row = b.add(2 * TILE * c + 16 * p);
+                (std::mem::transmute(_mm512_loadu_si512(row.cast())), std::mem::transmute(_mm512_loadu_si512(row.add(TILE).cast())))
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(*a.add(r * a_stride + 16 * c + p) as i32)) };
+                acc[0] = _mm512_dpbf16_ps(acc[0], a, b0);
+                acc[1] = _mm512_dpbf16_ps(acc[1], a, b1);
+            }
+        }
+    }
+    let lanes = |n: usize| if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as u16 };
+    let (m0, m1, scale) = (lanes(cols.min(16)), lanes(cols.saturating_sub(16)), _mm512_set1_ps(alpha));
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        // SAFETY: masked-off lanes are not touched; the caller owns the rest.
+        unsafe {
+            _mm512_mask_storeu_ps(out.add(r * ld), m0, _mm512_mul_ps(acc[0], scale));
+            _mm512_mask_storeu_ps(out.add(r * ld + 16), m1, _mm512_mul_ps(acc[1], scale));
+        }
+    }
+}
+
 thread_local! {
     /// The packed activation of the current product (taken during a call).
     static SLIVERS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };

@@ -1,9 +1,13 @@
-//! Products of two f32 matrices on the AMX tiles, both operands rounded
+//! Products of two f32 matrices on bf16 tiles, both operands rounded
 //! to bf16 once (round to nearest even, as everywhere in this module,
 //! here by `VCVTNE2PS2BF16`, which also flushes subnormals to zero),
 //! every product of two bf16 exact in f32 and the sums in f32: the
-//! precision of PyTorch's bf16 matmuls. On this machine a tile step does
-//! 32K multiply-adds in ~40 ns, where AVX-512 FMAs do ~1K per ns on a core.
+//! precision of PyTorch's bf16 matmuls. On AMX a tile step does 32K
+//! multiply-adds in ~40 ns, where AVX-512 FMAs do ~1K per ns on a core;
+//! without AMX (AMD Zen 4) the same operands feed `VDPBF16PS` register
+//! tiles (`avx512bf16::vnni_block`: a VNNI tile row is the 16 columns of
+//! one reduction pair, the vector that instruction multiplies), twice the
+//! multiply-adds per instruction of f32 FMAs.
 //!
 //! For products whose operands are activations in any layout (attention:
 //! `q k^T`, `p v`, and the backward's five), unlike the frozen-weight
@@ -20,12 +24,13 @@
 //! Everything here runs on the calling thread: callers parallelise.
 use super::amx::{self, ALayout, Line, TileBuf, Tiles, TILE_U16, TK, TM};
 use super::avx512_pack::{self, Source};
+use super::avx512bf16::{self, MR, NR};
 use std::arch::x86_64::*;
 
-/// Whether [`product`] can run here (AMX, and AVX512-BF16 for rounding,
-/// which every AMX CPU has).
+/// Whether [`product`] can run here: AMX (with AVX512-BF16 for rounding,
+/// which every AMX CPU has) or AVX512-BF16 alone.
 pub fn available() -> bool {
-    amx::available() && is_x86_feature_detected!("avx512bf16")
+    (amx::available() && is_x86_feature_detected!("avx512bf16")) || avx512bf16::available()
 }
 
 /// A tile buffer of `len` u16 (a multiple of 32), every value written by
@@ -255,6 +260,20 @@ pub unsafe fn product(
     }
     assert!(a_row0 + m.next_multiple_of(2 * TM) <= a.rows && TK * (a_chunk0 + chunks) <= a.width, "product: A too small");
     assert!(b_col0 % (2 * TM) == 0 && b_col0 + n <= b.n.next_multiple_of(2 * TM) && b_chunk0 + chunks <= b.steps, "product: B too small");
+    if !amx::available() {
+        for n0 in (0..n).step_by(NR) {
+            let pb = b.at((b_col0 + n0) / NR, b_chunk0).cast::<u32>();
+            for m0 in (0..m).step_by(MR) {
+                let pa = a.at(a_row0 + m0, TK * a_chunk0).cast::<u32>();
+                let block = ((m - m0).min(MR), (n - n0).min(NR));
+                // SAFETY: without AMX, `available()` (the callers' check)
+                // means AVX512-BF16; A's rows are padded to a multiple of 32,
+                // so MR rows from m0 exist; the rest as for AMX below.
+                unsafe { avx512bf16::vnni_block(pa, a.width / 2, pb, chunks, out.add(m0 * ld + n0), ld, block, alpha) };
+            }
+        }
+        return;
+    }
     let lay = ALayout { step: TK, half: TM * a.width, row_bytes: 2 * a.width };
     let _tiles = Tiles::load();
     for m0 in (0..m).step_by(2 * TM) {
@@ -289,7 +308,7 @@ mod tests {
     #[test]
     fn products_match_f64_of_rounded_operands() {
         if !available() {
-            return crate::test_skip::skip_allowed_in_ci("no AMX-BF16 with AVX512-BF16 on this CPU/OS", crate::test_skip::CPU_CLASS_VARIES);
+            return crate::test_skip::skip_allowed_in_ci("neither AMX-BF16 nor AVX512-BF16 on this CPU/OS", crate::test_skip::CPU_CLASS_VARIES);
         }
         let (m, k, n) = (45, 70, 37);
         let (a, b) = (values(m * k, 0.1), values(k * n, 0.7));
