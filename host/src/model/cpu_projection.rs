@@ -264,8 +264,10 @@ pub struct Bf16Projection {
 enum Bf16Weight {
     /// Rows `first_row .. first_row + out_features` of a bf16 table.
     Table { table: Arc<Bf16Matrix>, first_row: usize },
-    /// The checkpoint's Q4_0/Q4_1 blocks, `[out_features, in_features]`.
-    Blocks { dtype: DType, bytes: Vec<u8> },
+    /// Rows `first_row .. first_row + out_features` of a checkpoint
+    /// tensor's Q4_0/Q4_1/Q8_0 blocks (shared: a tied head's vocabulary
+    /// slices are windows of the embeddings' blocks).
+    Blocks { dtype: DType, bytes: Arc<Vec<u8>>, first_row: usize },
 }
 
 impl Bf16Projection {
@@ -287,12 +289,33 @@ impl Bf16Projection {
     /// dequantized values. Both compute with the same bits.
     pub fn from_raw(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Self> {
         check_raw_shape(&info, raw)?;
-        if quant_bf16::decodes(raw.dtype) && std::env::var("HEXLORA_BF16_BLOCKS").as_deref() != Ok("0") {
+        if Self::holds_blocks_of(raw.dtype) {
             raw.checked_row_bytes()?;
-            let weight = Bf16Weight::Blocks { dtype: raw.dtype, bytes: raw.bytes.to_vec() };
-            return Ok(Bf16Projection { info, weight, kernel: Kernel::detect() });
+            return Self::block_window(info, raw.dtype, Arc::new(raw.bytes.to_vec()), 0);
         }
         Self::from_f32(info, &raw.to_f32()?)
+    }
+
+    /// Whether [`Bf16Projection::from_raw`] holds a tensor of `dtype` in
+    /// its blocks here (`HEXLORA_BF16_BLOCKS=0` says never).
+    pub fn holds_blocks_of(dtype: DType) -> bool {
+        quant_bf16::decodes(dtype) && std::env::var("HEXLORA_BF16_BLOCKS").as_deref() != Ok("0")
+    }
+
+    /// Rows `first_row .. first_row + out_features` of a shared tensor's
+    /// blocks (`bytes`: whole rows of `in_features` values of `dtype`, which
+    /// this CPU decodes).
+    pub fn block_window(info: ProjectionInfo, dtype: DType, bytes: Arc<Vec<u8>>, first_row: usize) -> Result<Self> {
+        let row_bytes = dtype.bytes_for(info.in_features).filter(|_| quant_bf16::decodes(dtype));
+        let rows = row_bytes.filter(|&b| b > 0 && bytes.len().is_multiple_of(b)).map(|b| bytes.len() / b);
+        if rows.is_none_or(|rows| first_row + info.out_features > rows) {
+            return Err(Error::Shape {
+                what: format!("{} ({dtype:?} row window from {first_row})", info.name),
+                expected: vec![first_row + info.out_features, info.in_features],
+                got: vec![bytes.len()],
+            });
+        }
+        Ok(Bf16Projection { info, weight: Bf16Weight::Blocks { dtype, bytes, first_row }, kernel: Kernel::detect() })
     }
 
     /// Rows `first_row .. first_row + out_features` of a shared bf16 table.
@@ -323,7 +346,10 @@ impl Bf16Projection {
         let (out_f, in_f) = (self.info.out_features, self.info.in_features);
         match &self.weight {
             Bf16Weight::Table { table, first_row } => Weight::Bf16(Rows { matrix: table, first: *first_row, len: out_f }),
-            Bf16Weight::Blocks { dtype, bytes } => Weight::Q4 { dtype: *dtype, bytes, rows: out_f, cols: in_f },
+            Bf16Weight::Blocks { dtype, bytes, first_row } => {
+                let row_bytes = dtype.bytes_for(in_f).expect("checked by block_window");
+                Weight::Blocks { dtype: *dtype, bytes: &bytes[first_row * row_bytes..(first_row + out_f) * row_bytes], rows: out_f, cols: in_f }
+            }
         }
     }
 }
@@ -350,10 +376,11 @@ impl Projection for Bf16Projection {
                 Bf16Weight::Table { table, first_row } => {
                     o.iter_mut().zip(table.row(first_row + r)).for_each(|(o, w)| *o = s * w.to_f32());
                 }
-                Bf16Weight::Blocks { dtype, bytes } => {
-                    let row_bytes = bytes.len() / self.info.out_features;
+                Bf16Weight::Blocks { dtype, bytes, first_row } => {
+                    let row_bytes = dtype.bytes_for(in_f).expect("checked by block_window");
+                    let at = (first_row + r) * row_bytes;
                     let mut bits = vec![0u16; in_f];
-                    quant_bf16::decode_rows(*dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], in_f, &mut bits);
+                    quant_bf16::decode_rows(*dtype, &bytes[at..at + row_bytes], in_f, &mut bits);
                     o.iter_mut().zip(bits).for_each(|(o, b)| *o = s * half::bf16::from_bits(b).to_f32());
                 }
             }
@@ -417,17 +444,18 @@ mod tests {
         assert!(CpuProjection::window(info, table, 2).is_err());
     }
 
-    /// A Q4 checkpoint's bf16 projection held in its blocks computes the
-    /// same bits as one holding the bf16 copy of the dequantized weight:
-    /// both products, the LoRA-carrying ones (both directions) and the rows.
+    /// A Q4/Q8_0 checkpoint's bf16 projection held in its blocks computes
+    /// the same bits as one holding the bf16 copy of the dequantized weight:
+    /// both products, the LoRA-carrying ones (both directions) and the
+    /// rows; so does a row window of shared blocks.
     #[test]
     fn bf16_projection_on_q4_blocks_equals_its_bf16_copy() {
         if !quant_bf16::available() {
             return crate::test_skip::skip_allowed_in_ci("no AVX-512 F+BW: no block-held projections here", crate::test_skip::CPU_CLASS_VARIES);
         }
         let (out_f, in_f, tokens, rank) = (72, 96, 37, 4);
-        for dtype in [DType::Q4_0, DType::Q4_1] {
-            let bytes = quant_bf16::random_q4_rows(dtype, out_f, in_f, 5);
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0].into_iter().filter(|&d| quant_bf16::decodes(d)) {
+            let bytes = quant_bf16::random_block_rows(dtype, out_f, in_f, 5);
             let raw = RawTensor { name: "blk.0.ffn_up.weight".into(), dtype, shape: vec![out_f, in_f], bytes: &bytes };
             let info = ProjectionInfo { name: "up".into(), kind: ProjectionKind::Mlp, out_features: out_f, in_features: in_f };
             let blocks = Bf16Projection::from_raw(info.clone(), &raw).unwrap();
@@ -451,6 +479,19 @@ mod tests {
                 [y, dx, rows, yl, side, dxl, dside, how].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
             };
             assert_eq!(run(&blocks), run(&copy), "{dtype:?}");
+            // a row window of shared blocks (a tied head's vocabulary slice)
+            let win = ProjectionInfo { name: "slice".into(), kind: ProjectionKind::Mlp, out_features: out_f - 7, in_features: in_f };
+            let shared = Arc::new(Bf16Matrix::from_f32(&raw.to_f32().unwrap(), out_f, in_f));
+            let (blocks, copy) = (Bf16Projection::block_window(win.clone(), dtype, Arc::new(bytes.clone()), 7).unwrap(), Bf16Projection::window(win, shared, 7).unwrap());
+            let run = |p: &Bf16Projection| {
+                let (mut y, mut dx) = (vec![0.0; tokens * (out_f - 7)], vec![0.0; tokens * in_f]);
+                p.apply(Direction::Forward, &x, tokens, &mut y).unwrap();
+                p.apply(Direction::InputGrad, &dy[..tokens * (out_f - 7)], tokens, &mut dx).unwrap();
+                [y, dx].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+            };
+            assert_eq!(run(&blocks), run(&copy), "{dtype:?} window");
+            let past = ProjectionInfo { name: "past".into(), kind: ProjectionKind::Mlp, out_features: 8, in_features: in_f };
+            assert!(Bf16Projection::block_window(past, dtype, Arc::new(bytes), out_f - 7).is_err(), "a window past the rows");
         }
     }
 

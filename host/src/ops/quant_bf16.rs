@@ -1,4 +1,4 @@
-//! Q4_0 and Q4_1 weights decoded straight to bf16 bits: the values
+//! Q4_0, Q4_1 and Q8_0 weights decoded straight to bf16 bits: the values
 //! `Bf16Matrix::from_f32` makes of `dequantize`'s f32, bit for bit, without
 //! the f32 in between.
 //!
@@ -31,14 +31,20 @@ pub fn available() -> bool {
     }
 }
 
-/// Whether blocks of `dtype` can be decoded here.
+/// Whether blocks of `dtype` can be decoded here (Q8_0 also needs
+/// AVX512-BF16, whose rounding instruction it uses).
 pub fn decodes(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1) && available()
+    match dtype {
+        DType::Q4_0 | DType::Q4_1 => available(),
+        #[cfg(target_arch = "x86_64")]
+        DType::Q8_0 => available() && std::arch::is_x86_feature_detected!("avx512bf16"),
+        _ => false,
+    }
 }
 
-/// Bytes of one 32-value block of `dtype` (Q4_0 or Q4_1).
+/// Bytes of one 32-value block of `dtype` (Q4_0, Q4_1 or Q8_0).
 fn block_bytes(dtype: DType) -> usize {
-    assert!(matches!(dtype, DType::Q4_0 | DType::Q4_1), "quant_bf16 decodes Q4_0 and Q4_1, not {dtype:?}");
+    assert!(matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0), "quant_bf16 decodes Q4_0, Q4_1 and Q8_0, not {dtype:?}");
     dtype.bytes_for(32).expect("one whole block")
 }
 
@@ -59,7 +65,7 @@ pub fn decode_rows(dtype: DType, bytes: &[u8], cols: usize, out: &mut [u16]) {
         // and `o` 32 values for each.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            x86::blocks(dtype == DType::Q4_1, b, bb, o)
+            x86::blocks(dtype, b, bb, o)
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("no decoder on this architecture ({} bytes, {} values, {bb})", b.len(), o.len());
@@ -68,6 +74,7 @@ pub fn decode_rows(dtype: DType, bytes: &[u8], cols: usize, out: &mut [u16]) {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
+    use crate::model::source::DType;
     use std::arch::x86_64::*;
 
     /// `bf16::from_f32(v).to_bits()` of 16 lanes, in the low half of each
@@ -89,23 +96,49 @@ pub(crate) mod x86 {
         _mm512_cvtph_ps(_mm256_set1_epi16(std::ptr::read_unaligned(p as *const i16)))
     }
 
-    /// Every block of `bytes` (`bb` bytes each; Q4_1 if `q4_1`, else Q4_0)
-    /// into 32 bf16 of `out`.
+    /// Every block of `bytes` (`bb` bytes each, of `dtype`) into 32 bf16
+    /// of `out`.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn blocks(q4_1: bool, bytes: &[u8], bb: usize, out: &mut [u16]) {
+    pub(super) unsafe fn blocks(dtype: DType, bytes: &[u8], bb: usize, out: &mut [u16]) {
         for (blk, o) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(32)) {
-            _mm512_storeu_si512(o.as_mut_ptr() as *mut __m512i, block(q4_1, blk.as_ptr()));
+            _mm512_storeu_si512(o.as_mut_ptr() as *mut __m512i, block(dtype, blk.as_ptr()));
         }
     }
 
-    /// The 32 bf16 of the Q4_1 (`q4_1`) or Q4_0 block at `p`, in order
-    /// (the AMX kernel packs its tiles from these).
+    /// The 32 bf16 of the `dtype` block (Q4_0, Q4_1 or Q8_0) at `p`, in
+    /// order (the AMX and AVX512-BF16 kernels pack their panels from these).
     ///
     /// # Safety
     /// AVX-512 F and BW available; `p` starts a whole block.
     #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
-    pub(crate) unsafe fn block(q4_1: bool, p: *const u8) -> __m512i {
+    pub(crate) unsafe fn block(dtype: DType, p: *const u8) -> __m512i {
+        match dtype {
+            DType::Q8_0 => q8_0(p),
+            _ => q4(dtype == DType::Q4_1, p),
+        }
+    }
+
+    /// A Q8_0 block: `q d` per value, exact in f32 (an 8-bit by 11-bit
+    /// product), then rounded to bf16 by `VCVTNE2PS2BF16`: nearest even
+    /// and quiet NaNs as `round_bits`, and its flushing of subnormal inputs
+    /// never applies (a nonzero `q d` is at least 2^-24, the least f16
+    /// subnormal). A third of the instructions of the integer rounding,
+    /// which made a tied SmolLM2 head held in Q8_0 cost 3% of a training
+    /// step (Zen 4, 2026-12-04).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[inline]
+    unsafe fn q8_0(p: *const u8) -> __m512i {
+        let d = splat_f16(p);
+        let half = |h: usize| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + 16 * h) as *const __m128i))), d);
+        // SAFETY: `__m512bh` and `__m512i` are both 64 bytes of lanes.
+        std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(half(1), half(0)))
+    }
+
+    /// A Q4_1 (`q4_1`) or Q4_0 block.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    unsafe fn q4(q4_1: bool, p: *const u8) -> __m512i {
         let iota = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
         let d = splat_f16(p);
         // Q4_1: d q + m, one rounding; Q4_0: d (q - 8), exact (and -0 for
@@ -124,10 +157,10 @@ pub(crate) mod x86 {
     }
 }
 
-/// Random Q4 rows whose f16 scales are finite, some negative, some
+/// Random Q4_0/Q4_1/Q8_0 rows whose f16 scales are finite, some negative, some
 /// tiny, some zero (tests).
 #[cfg(test)]
-pub(crate) fn random_q4_rows(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn random_block_rows(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     use half::f16;
     let mut s = seed;
     let mut next = move || {
@@ -158,13 +191,14 @@ mod tests {
     use crate::ops::bf16_matmul::round_bits;
 
     #[test]
-    fn q4_blocks_decode_to_the_bf16_rounding_of_dequantize() {
+    fn blocks_decode_to_the_bf16_rounding_of_dequantize() {
         if !available() {
             return crate::test_skip::skip_allowed_in_ci("no AVX-512 F+BW: the projections keep bf16 copies", crate::test_skip::CPU_CLASS_VARIES);
         }
-        for dtype in [DType::Q4_0, DType::Q4_1] {
+        // (Q8_0 also needs AVX512-BF16)
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0].into_iter().filter(|&d| decodes(d)) {
             let (rows, cols) = (37, 576);
-            let bytes = random_q4_rows(dtype, rows, cols, 11);
+            let bytes = random_block_rows(dtype, rows, cols, 11);
             let raw = RawTensor { name: "w".into(), dtype, shape: vec![rows, cols], bytes: &bytes };
             let want: Vec<u16> = raw.to_f32().unwrap().iter().map(|&v| round_bits(v)).collect();
             let mut got = vec![0xffffu16; rows * cols];

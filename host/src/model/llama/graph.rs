@@ -26,11 +26,12 @@ use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
-use crate::model::source::TensorSource;
+use crate::model::source::{DType, RawTensor, TensorSource};
 use crate::ops::attention::{AttnDims, Products};
 use crate::ops::bf16_matmul::Bf16Matrix;
 use crate::ops::cross_entropy::slice_rows;
 use crate::ops::embedding::embedding_forward;
+use crate::ops::quant_bf16::decode_rows;
 use crate::ops::rmsnorm::NormWeight;
 use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::projection::{Projection, ProjectionInfo, ProjectionKind};
@@ -93,24 +94,52 @@ fn f32_tensor(src: &dyn TensorSource, name: &str) -> Result<Arc<Vec<f32>>> {
 }
 
 /// The `[vocab, hidden]` token embeddings in the frozen dtype. With bf16 a
-/// tied head shares the table, so no f32 copy of it stays resident.
+/// tied head shares the table, so no f32 copy of it stays resident; where
+/// the CPU decodes the checkpoint's blocks (Q4_0/Q4_1/Q8_0, AVX-512) the
+/// table is those blocks, the same values in half the bytes or less.
 enum EmbedTable {
     F32(Arc<Vec<f32>>),
     Bf16(Arc<Bf16Matrix>),
+    /// `rows` rows of blocks of `dtype`.
+    Blocks { dtype: DType, bytes: Arc<Vec<u8>>, rows: usize },
 }
 
 impl EmbedTable {
+    /// The bf16 table of a checkpoint tensor `[rows, cols]`: its blocks
+    /// where [`Bf16Projection::holds_blocks_of`] says so, else a bf16 copy.
+    fn bf16(raw: &RawTensor<'_>, (rows, cols): (usize, usize)) -> Result<EmbedTable> {
+        if Bf16Projection::holds_blocks_of(raw.dtype) {
+            raw.checked_row_bytes()?;
+            return Ok(EmbedTable::Blocks { dtype: raw.dtype, bytes: Arc::new(raw.bytes.to_vec()), rows });
+        }
+        Ok(EmbedTable::Bf16(Arc::new(Bf16Matrix::from_f32(&raw.to_f32()?, rows, cols))))
+    }
+
     /// `out[t, :] = table[ids[t], :]` (`out: [ids.len(), dim]`).
     fn lookup(&self, out: &mut [f32], ids: &[u32], dim: usize) -> Result<()> {
-        let table = match self {
+        let vocab = match self {
             EmbedTable::F32(t) => return embedding_forward(out, ids, t, dim),
-            EmbedTable::Bf16(t) => t,
+            EmbedTable::Bf16(t) => t.rows(),
+            EmbedTable::Blocks { rows, .. } => *rows,
         };
-        for (row, &id) in out.chunks_exact_mut(dim).zip(ids) {
-            if id as usize >= table.rows() {
-                return Err(Error::invalid("token id", format!("{id} is outside the vocabulary of {}", table.rows())));
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::invalid("token id", format!("{id} is outside the vocabulary of {vocab}")));
+        }
+        match self {
+            EmbedTable::Bf16(table) => {
+                for (row, &id) in out.chunks_exact_mut(dim).zip(ids) {
+                    row.iter_mut().zip(table.row(id as usize)).for_each(|(o, w)| *o = w.to_f32());
+                }
             }
-            row.iter_mut().zip(table.row(id as usize)).for_each(|(o, w)| *o = w.to_f32());
+            EmbedTable::Blocks { dtype, bytes, .. } => {
+                // the rows' blocks side by side, decoded in one call
+                let row_bytes = bytes.len() / vocab;
+                let picked: Vec<u8> = ids.iter().flat_map(|&id| &bytes[id as usize * row_bytes..(id as usize + 1) * row_bytes]).copied().collect();
+                let mut bits = vec![0u16; ids.len() * dim];
+                decode_rows(*dtype, &picked, dim, &mut bits);
+                out.iter_mut().zip(bits).for_each(|(o, b)| *o = half::bf16::from_bits(b).to_f32());
+            }
+            EmbedTable::F32(_) => unreachable!("returned above"),
         }
         Ok(())
     }
@@ -118,19 +147,18 @@ impl EmbedTable {
 
 /// The vocabulary head's table: the untied `lm_head` or the embeddings.
 fn head_table(src: &dyn TensorSource, desc: &Descriptor, embed: &EmbedTable, cfg: &ModelConfig) -> Result<EmbedTable> {
-    let untied = match &desc.lm_head {
-        Some(t) => src.get(&t.name)?.to_f32()?,
-        None => {
-            return Ok(match embed {
-                EmbedTable::F32(t) => EmbedTable::F32(t.clone()),
-                EmbedTable::Bf16(t) => EmbedTable::Bf16(t.clone()),
-            })
-        }
+    let Some(t) = &desc.lm_head else {
+        return Ok(match embed {
+            EmbedTable::F32(t) => EmbedTable::F32(t.clone()),
+            EmbedTable::Bf16(t) => EmbedTable::Bf16(t.clone()),
+            EmbedTable::Blocks { dtype, bytes, rows } => EmbedTable::Blocks { dtype: *dtype, bytes: bytes.clone(), rows: *rows },
+        });
     };
-    Ok(match embed {
-        EmbedTable::F32(_) => EmbedTable::F32(Arc::new(untied)),
-        EmbedTable::Bf16(_) => EmbedTable::Bf16(Arc::new(Bf16Matrix::from_f32(&untied, cfg.vocab_size, cfg.hidden_size))),
-    })
+    let raw = src.get(&t.name)?;
+    match embed {
+        EmbedTable::F32(_) => Ok(EmbedTable::F32(Arc::new(raw.to_f32()?))),
+        _ => EmbedTable::bf16(&raw, (cfg.vocab_size, cfg.hidden_size)),
+    }
 }
 
 /// A row window of the head table as a projection.
@@ -138,6 +166,7 @@ fn head_window(table: &EmbedTable, info: ProjectionInfo, first: usize) -> Result
     Ok(match table {
         EmbedTable::F32(t) => Arc::new(CpuProjection::window(info, t.clone(), first)?),
         EmbedTable::Bf16(t) => Arc::new(Bf16Projection::window(info, t.clone(), first)?),
+        EmbedTable::Blocks { dtype, bytes, .. } => Arc::new(Bf16Projection::block_window(info, *dtype, bytes.clone(), first)?),
     })
 }
 
@@ -181,10 +210,7 @@ impl DecoderGraph {
         }
         let embed = match tables {
             FrozenDtype::F32 => EmbedTable::F32(f32_tensor(src, &desc.embed.name)?),
-            FrozenDtype::Bf16 => {
-                let e = src.get(&desc.embed.name)?.to_f32()?;
-                EmbedTable::Bf16(Arc::new(Bf16Matrix::from_f32(&e, cfg.vocab_size, cfg.hidden_size)))
-            }
+            FrozenDtype::Bf16 => EmbedTable::bf16(&src.get(&desc.embed.name)?, (cfg.vocab_size, cfg.hidden_size))?,
         };
         let head_info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: cfg.vocab_size, in_features: cfg.hidden_size };
         let head_w = head_table(src, &desc, &embed, &cfg)?;
@@ -383,6 +409,30 @@ mod tests {
 
     fn bits(t: &Tensor) -> Vec<u32> {
         t.data.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Embeddings held in Q8_0 or Q4 blocks look up the rows a bf16 copy
+    /// of the dequantized table gives, bit for bit; an id past the
+    /// vocabulary is refused.
+    #[test]
+    fn embeddings_in_blocks_look_up_as_their_bf16_copy() {
+        if !crate::ops::quant_bf16::decodes(DType::Q8_0) {
+            return crate::test_skip::skip_allowed_in_ci("no AVX-512 F+BW+BF16: embeddings keep a bf16 copy here", crate::test_skip::CPU_CLASS_VARIES);
+        }
+        let (vocab, dim) = (50, 64);
+        for dtype in [DType::Q8_0, DType::Q4_1] {
+            let bytes = crate::ops::quant_bf16::random_block_rows(dtype, vocab, dim, 9);
+            let raw = RawTensor { name: "token_embd.weight".into(), dtype, shape: vec![vocab, dim], bytes: &bytes };
+            let blocks = EmbedTable::bf16(&raw, (vocab, dim)).unwrap();
+            assert!(matches!(blocks, EmbedTable::Blocks { .. }));
+            let copy = EmbedTable::Bf16(Arc::new(Bf16Matrix::from_f32(&raw.to_f32().unwrap(), vocab, dim)));
+            let ids = [3, 0, 49, 3, 17];
+            let (mut got, mut want) = (vec![f32::NAN; ids.len() * dim], vec![0.0; ids.len() * dim]);
+            blocks.lookup(&mut got, &ids, dim).unwrap();
+            copy.lookup(&mut want, &ids, dim).unwrap();
+            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{dtype:?}");
+            assert!(blocks.lookup(&mut got[..dim], &[50], dim).is_err(), "id past the vocabulary");
+        }
     }
 
     /// The fused projection + LoRA node and the unfused pair give the same

@@ -1,32 +1,32 @@
 //! AVX-512 operand packing shared by the two bf16 kernels that pack their
 //! operands in registers, AMX (`amx.rs`) and `VDPBF16PS` (`avx512bf16.rs`):
-//! a weight's rows read as bf16 bits or decoded from Q4 blocks on the way
+//! a weight's rows read as bf16 bits or decoded from quantized blocks on the way
 //! ([`Source`]), activations rounded 16 lanes at a time ([`round16`]), and
 //! the register transposes both kernels' layouts need.
 
-/// Values of one Q4 block, and of one [`Source::load32`].
+use crate::model::source::DType;
+
+/// Values of one quantized block, and of one [`Source::load32`].
 const BLOCK: usize = 32;
 
-/// A product's B operand as the panels read it: bf16 bits, or a Q4
-/// checkpoint's blocks decoded to the same bits as each tile is packed
-/// (`crate::ops::quant_bf16`), so the weight is never held or read in bf16.
+/// A product's B operand as the panels read it: bf16 bits, or a
+/// checkpoint's Q4_0/Q4_1/Q8_0 blocks decoded to the same bits as each
+/// panel is packed (`crate::ops::quant_bf16`), so the weight is never held
+/// or read in bf16.
 #[derive(Clone, Copy)]
 pub(super) enum Source<'a> {
     /// `[rows, cols]` bf16 bits, row-major.
     Bits(&'a [u16]),
-    /// `[rows, cols]` Q4_1 (`q4_1`) or Q4_0 blocks; `cols` whole blocks.
-    Q4 { q4_1: bool, bytes: &'a [u8] },
+    /// `[rows, cols]` blocks of `dtype` (Q4_0, Q4_1 or Q8_0); `cols` whole blocks.
+    Blocks { dtype: DType, bytes: &'a [u8] },
 }
 
 impl Source<'_> {
-    /// Bytes of `n` values (a whole number of blocks for Q4).
+    /// Bytes of `n` values (a whole number of blocks for [`Source::Blocks`]).
     pub(super) fn bytes_of(self, n: usize) -> usize {
         match self {
             Source::Bits(_) => 2 * n,
-            Source::Q4 { q4_1, .. } => {
-                let dtype = if q4_1 { crate::model::source::DType::Q4_1 } else { crate::model::source::DType::Q4_0 };
-                n / BLOCK * dtype.bytes_for(BLOCK).expect("one block")
-            }
+            Source::Blocks { dtype, .. } => n / BLOCK * dtype.bytes_for(BLOCK).expect("one block"),
         }
     }
 
@@ -34,12 +34,12 @@ impl Source<'_> {
     pub(super) fn check(self, (rows, cols): (usize, usize)) {
         match self {
             Source::Bits(w) => assert!(w.len() >= rows * cols, "bf16 weight length"),
-            Source::Q4 { bytes, .. } => assert!(cols.is_multiple_of(BLOCK) && bytes.len() >= self.bytes_of(rows * cols), "Q4 weight length"),
+            Source::Blocks { bytes, .. } => assert!(cols.is_multiple_of(BLOCK) && bytes.len() >= self.bytes_of(rows * cols), "block weight length"),
         }
     }
 
     /// Values `c0 .. c0 + 32` of row `r` of a `[_, cols]` operand, lanes
-    /// `mask` leaves out zero (a Q4 row is whole blocks: `c0` starts one).
+    /// `mask` leaves out zero (a row of blocks is whole blocks: `c0` starts one).
     ///
     /// # Safety
     /// AVX-512 F and BW available; row `r` exists ([`Source::check`]).
@@ -50,10 +50,10 @@ impl Source<'_> {
         match self {
             // SAFETY: the mask stops at column `cols` of row r.
             Source::Bits(w) => unsafe { _mm512_maskz_loadu_epi16(mask, w.as_ptr().add(r * cols + c0).cast()) },
-            Source::Q4 { q4_1, bytes } => {
-                debug_assert!(c0 % BLOCK == 0);
+            Source::Blocks { dtype, bytes } => {
+                debug_assert!(c0.is_multiple_of(BLOCK));
                 // SAFETY: block (r cols + c0) / 32 of `bytes` exists.
-                unsafe { crate::ops::quant_bf16::x86::block(q4_1, bytes.as_ptr().add(self.bytes_of(r * cols + c0))) }
+                unsafe { crate::ops::quant_bf16::x86::block(dtype, bytes.as_ptr().add(self.bytes_of(r * cols + c0))) }
             }
         }
     }
@@ -62,7 +62,7 @@ impl Source<'_> {
     pub(super) fn prefetch(self, r: usize, cols: usize, c0: usize, width: usize) {
         let (base, at) = match self {
             Source::Bits(w) => (w.as_ptr().cast::<u8>(), 2 * (r * cols + c0)),
-            Source::Q4 { bytes, .. } => (bytes.as_ptr(), self.bytes_of(r * cols + c0)),
+            Source::Blocks { bytes, .. } => (bytes.as_ptr(), self.bytes_of(r * cols + c0)),
         };
         prefetch_bytes(base.wrapping_add(at) as usize, self.bytes_of(width));
     }

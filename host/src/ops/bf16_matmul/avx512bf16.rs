@@ -8,7 +8,7 @@
 //! activation (rounded to bf16 once per call) into slivers of [`MR`] rows,
 //! `[pairs][MR]` dwords of two bf16 each; per 32-column output panel the
 //! weight into `[pairs][32]` dwords, read as bf16 bits or decoded from its
-//! Q4 blocks on the way (so a Q4 weight is never held in bf16), half the
+//! Q4/Q8_0 blocks on the way (so such a weight is never held in bf16), half the
 //! bytes of the f32 kernels' panels. Both are packed in AVX-512 registers
 //! (`avx512_pack.rs`): rounding 16 values at a time, then a register
 //! transpose (as scalar loops they took ~15% of a Zen 4 training step). A
@@ -67,7 +67,8 @@ pub(super) fn input_grad(out: &mut [f32], dy: &[f32], tokens: usize, w: Source<'
 pub(super) fn forward_lora(out: &mut [f32], x: &[f32], tokens: usize, w: Source<'_>, (n, k): (usize, usize), (a2, b3, r): (&[u16], &[u16], usize), scale: f32, xa: &mut [f32]) {
     w.check((n, k));
     let (a2, b3) = (Source::Bits(a2), Source::Bits(b3));
-    (a2.check((2 * r, k)), b3.check((n, 3 * r)));
+    a2.check((2 * r, k));
+    b3.check((n, 3 * r));
     let mut side_panel = vec![0; k.div_ceil(2) * NR];
     // SAFETY (the three panel fills): `available()` was checked by the
     // dispatcher; each operand holds the shape it is read as (checked above).
@@ -93,7 +94,8 @@ pub(super) fn input_grad_lora(
 ) {
     w.check((rows, cols));
     let (a3, b2) = (Source::Bits(a3), Source::Bits(b2));
-    (a3.check((3 * r, cols)), b2.check((rows, 2 * r)));
+    a3.check((3 * r, cols));
+    b2.check((rows, 2 * r));
     let mut side_panel = vec![0; rows.div_ceil(2) * NR];
     // SAFETY (the three panel fills): `available()` was checked by the
     // dispatcher; each operand holds the shape it is read as (checked above).
@@ -109,8 +111,8 @@ pub(super) fn input_grad_lora(
 /// decoded) and transposed as 16x16 dwords.
 ///
 /// # Safety
-/// AVX-512 F and BW available; `w` holds `[n, k]`.
-#[target_feature(enable = "avx512f,avx512bw")]
+/// AVX-512 F, BW and BF16 available; `w` holds `[n, k]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn rows_down(w: Source<'_>, (n, k): (usize, usize), n0: usize, width: usize, panel: &mut [u32]) {
     let kp = k.div_ceil(2);
     assert!(panel.len() == kp * NR && n0 + width <= n && width <= NR, "forward panel");
@@ -146,14 +148,14 @@ const fn interleave(h: u16) -> [u16; 32] {
     idx
 }
 
-/// Panel of the input gradient: `panel[p][j] = (W[2p][c0 + j], W[2p + 1][c0
-/// + j])` for `w: [rows, cols]`: two rows' 32 values loaded (or decoded)
+/// Panel of the input gradient: `panel[p][j] = (W[2p][c0 + j],
+/// W[2p + 1][c0 + j])` for `w: [rows, cols]`: two rows' 32 values loaded (or decoded)
 /// and interleaved in registers; the padding (columns past `width`, a row
 /// past the last) is zero.
 ///
 /// # Safety
-/// AVX-512 F and BW available; `w` holds `[rows, cols]`.
-#[target_feature(enable = "avx512f,avx512bw")]
+/// AVX-512 F, BW and BF16 available; `w` holds `[rows, cols]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn row_pairs(w: Source<'_>, (rows, cols): (usize, usize), c0: usize, width: usize, panel: &mut [u32]) {
     assert!(panel.len() == rows.div_ceil(2) * NR && c0 + width <= cols && width <= NR, "input-gradient panel");
     let mask = lanes(width);
@@ -363,7 +365,8 @@ pub(super) unsafe fn vnni_block(a: *const u32, a_stride: usize, b: *const u32, c
             // SAFETY (all loads): inside the operands, as the caller promises.
             let (b0, b1): (__m512bh, __m512bh) = unsafe {
                 let row = b.add(2 * TILE * c + 16 * p);
-                (std::mem::transmute(_mm512_loadu_si512(row.cast())), std::mem::transmute(_mm512_loadu_si512(row.add(TILE).cast())))
+                let pair = |at: *const u32| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at.cast()));
+                (pair(row), pair(row.add(TILE)))
             };
             for (r, acc) in acc.iter_mut().enumerate() {
                 let a: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(*a.add(r * a_stride + 16 * c + p) as i32)) };

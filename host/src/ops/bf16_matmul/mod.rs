@@ -131,7 +131,7 @@ impl<'a> Rows<'a> {
 }
 
 /// The frozen weight `[rows, cols]` of one product: rows of a bf16 table,
-/// or a Q4_0/Q4_1 checkpoint's blocks, which compute exactly as their bf16
+/// or a Q4_0/Q4_1/Q8_0 checkpoint's blocks, which compute exactly as their bf16
 /// rounding would (`crate::ops::quant_bf16`): the AMX and AVX512-BF16
 /// kernels decode them as they pack their panels, the others decode the
 /// whole weight into a scratch table first.
@@ -139,9 +139,9 @@ impl<'a> Rows<'a> {
 pub enum Weight<'a> {
     /// Rows of a bf16 table.
     Bf16(Rows<'a>),
-    /// Q4 blocks; only where `quant_bf16::decodes(dtype)`.
-    Q4 {
-        /// Q4_0 or Q4_1.
+    /// Quantized blocks; only where `quant_bf16::decodes(dtype)`.
+    Blocks {
+        /// Q4_0, Q4_1 or Q8_0.
         dtype: DType,
         /// `rows` rows of `cols` values, whole blocks.
         bytes: &'a [u8],
@@ -158,7 +158,7 @@ impl<'a> From<Rows<'a>> for Weight<'a> {
     }
 }
 
-/// Scratch tables Q4 weights decode into for the kernels that read bf16
+/// Scratch tables quantized weights decode into for the kernels that read bf16
 /// rows (a weight of a few MB, decoded afresh per product; reused so that
 /// no product page-faults a new one in).
 static SCRATCH: std::sync::Mutex<Vec<Vec<bf16>>> = std::sync::Mutex::new(Vec::new());
@@ -171,20 +171,20 @@ impl<'a> Weight<'a> {
                 assert!(w.first + w.len <= w.matrix.rows, "bf16 row window");
                 (w.len, w.matrix.cols)
             }
-            Weight::Q4 { dtype, bytes, rows, cols } => {
+            Weight::Blocks { dtype, bytes, rows, cols } => {
                 assert!(crate::ops::quant_bf16::decodes(dtype), "{dtype:?} blocks cannot be decoded here");
-                assert_eq!(dtype.bytes_for(cols).map(|b| b * rows), Some(bytes.len()), "Q4 weight length");
+                assert_eq!(dtype.bytes_for(cols).map(|b| b * rows), Some(bytes.len()), "block weight length");
                 (rows, cols)
             }
         }
     }
 
-    /// The AMX kernel's view.
+    /// The AMX and AVX512-BF16 kernels' view.
     #[cfg(target_arch = "x86_64")]
     fn source(&self) -> avx512_pack::Source<'a> {
         match *self {
             Weight::Bf16(w) => avx512_pack::Source::Bits(w.bits()),
-            Weight::Q4 { dtype, bytes, .. } => avx512_pack::Source::Q4 { q4_1: dtype == DType::Q4_1, bytes },
+            Weight::Blocks { dtype, bytes, .. } => avx512_pack::Source::Blocks { dtype, bytes },
         }
     }
 
@@ -193,7 +193,7 @@ impl<'a> Weight<'a> {
     fn with_bits<R>(&self, product: impl FnOnce(&[u16]) -> R) -> R {
         match *self {
             Weight::Bf16(w) => product(w.bits()),
-            Weight::Q4 { dtype, bytes, rows, cols } => {
+            Weight::Blocks { dtype, bytes, rows, cols } => {
                 let spare = SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
                 let m = Bf16Matrix::filled(spare, rows, cols, |bits| crate::ops::quant_bf16::decode_rows(dtype, bytes, cols, bits));
                 let r = product(m.bits());
