@@ -193,9 +193,18 @@ unsafe fn pack_sliver(a: &[f32], (rows, k): (usize, usize), dst: &mut [u32]) {
             // SAFETY: the mask stops at the end of row r (masked lanes never fault).
             *v = unsafe { round16(_mm512_castps_si512(_mm512_maskz_loadu_ps(mask, a.as_ptr().add(r * k + c0)))) };
         }
-        for (i, pair) in unsafe { transpose8(&v) }.iter().enumerate().take(kp - p0) {
-            // SAFETY: pair p0 + i < kp: inside `dst`.
-            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add((p0 + i) * MR).cast(), *pair) };
+        let t = unsafe { transpose8(&v) };
+        let at = dst.as_mut_ptr().wrapping_add(p0 * MR);
+        if kp - p0 >= 8 {
+            // SAFETY: pairs p0 .. p0 + 8 lie inside `dst`. (One write of the
+            // whole array: as a store loop the compiler made it a call to
+            // memcpy, with a vzeroupper, on every pass.)
+            unsafe { at.cast::<[__m256i; 8]>().write_unaligned(t) };
+        } else {
+            for (i, pair) in t.iter().enumerate().take(kp - p0) {
+                // SAFETY: pair p0 + i < kp: inside `dst`.
+                unsafe { _mm256_storeu_si256(at.add(i * MR).cast(), *pair) };
+            }
         }
     }
 }
