@@ -1,8 +1,8 @@
 //! AVX-512 operand packing shared by the two bf16 kernels that pack their
 //! operands in registers, AMX (`amx.rs`) and `VDPBF16PS` (`avx512bf16.rs`):
-//! a weight's rows read as bf16 bits or decoded from quantized blocks on the way
-//! ([`Source`]), activations rounded 16 lanes at a time ([`round16`]), and
-//! the register transposes both kernels' layouts need.
+//! a weight's rows read as bf16 bits or decoded from quantized blocks on
+//! the way ([`Source`]), activations rounded 16 lanes at a time
+//! ([`round16`]), and the register transposes both kernels' layouts need.
 
 use crate::model::source::DType;
 

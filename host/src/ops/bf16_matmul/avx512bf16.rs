@@ -8,8 +8,8 @@
 //! activation (rounded to bf16 once per call) into slivers of [`MR`] rows,
 //! `[pairs][MR]` dwords of two bf16 each; per 32-column output panel the
 //! weight into `[pairs][32]` dwords, read as bf16 bits or decoded from its
-//! Q4/Q8_0 blocks on the way (so such a weight is never held in bf16), half the
-//! bytes of the f32 kernels' panels. Both are packed in AVX-512 registers
+//! Q4/Q8_0 blocks on the way (so such a weight is never held in bf16),
+//! half the bytes of the f32 kernels' panels. Both are packed in AVX-512 registers
 //! (`avx512_pack.rs`): rounding 16 values at a time, then a register
 //! transpose (as scalar loops they took ~15% of a Zen 4 training step). A
 //! register tile of `MR x 32` outputs broadcasts one activation dword per

@@ -158,9 +158,9 @@ impl<'a> From<Rows<'a>> for Weight<'a> {
     }
 }
 
-/// Scratch tables quantized weights decode into for the kernels that read bf16
-/// rows (a weight of a few MB, decoded afresh per product; reused so that
-/// no product page-faults a new one in).
+/// Scratch tables quantized weights decode into for the kernels that read
+/// bf16 rows (a weight of a few MB, decoded afresh per product; reused so
+/// that no product page-faults a new one in).
 static SCRATCH: std::sync::Mutex<Vec<Vec<bf16>>> = std::sync::Mutex::new(Vec::new());
 
 impl<'a> Weight<'a> {
