@@ -81,7 +81,7 @@ pub(crate) mod x86 {
     /// 32-bit lane (as `bf16_matmul::round_bits`: nearest even, NaN kept
     /// quiet).
     #[inline(always)]
-    unsafe fn round_bits(v: __m512) -> __m512i {
+    pub(crate) unsafe fn round_bits(v: __m512) -> __m512i {
         let b = _mm512_castps_si512(v);
         let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
         let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))));

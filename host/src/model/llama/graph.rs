@@ -97,6 +97,7 @@ fn f32_tensor(src: &dyn TensorSource, name: &str) -> Result<Arc<Vec<f32>>> {
 /// tied head shares the table, so no f32 copy of it stays resident; where
 /// the CPU decodes the checkpoint's blocks (Q4_0/Q4_1/Q8_0, AVX-512) the
 /// table is those blocks, the same values in half the bytes or less.
+#[derive(Clone)]
 enum EmbedTable {
     F32(Arc<Vec<f32>>),
     Bf16(Arc<Bf16Matrix>),
@@ -148,11 +149,7 @@ impl EmbedTable {
 /// The vocabulary head's table: the untied `lm_head` or the embeddings.
 fn head_table(src: &dyn TensorSource, desc: &Descriptor, embed: &EmbedTable, cfg: &ModelConfig) -> Result<EmbedTable> {
     let Some(t) = &desc.lm_head else {
-        return Ok(match embed {
-            EmbedTable::F32(t) => EmbedTable::F32(t.clone()),
-            EmbedTable::Bf16(t) => EmbedTable::Bf16(t.clone()),
-            EmbedTable::Blocks { dtype, bytes, rows } => EmbedTable::Blocks { dtype: *dtype, bytes: bytes.clone(), rows: *rows },
-        });
+        return Ok(embed.clone());
     };
     let raw = src.get(&t.name)?;
     match embed {

@@ -16,7 +16,7 @@
 //! belongs to the process: threads that existed before the request (rayon's
 //! workers) and threads started after it may all use the tiles (checked on
 //! this machine), so it is asked for once.
-use super::avx512_pack::{lanes, round16, transpose16, Source};
+use super::avx512_pack::{interleave, lanes, round16, transpose16, Source};
 use crate::ops::SharedMut;
 use rayon::prelude::*;
 use std::arch::asm;
@@ -254,7 +254,7 @@ pub(super) unsafe fn rows_interleaved(tiles: &mut [u16], w: Source<'_>, (rows, c
         }
     };
     // word i of the result: even i from the first row, odd from the second
-    let idx = |h: u16| _mm512_loadu_si512(std::array::from_fn::<u16, 32, _>(|i| (i as u16 / 2) + 16 * h + if i % 2 == 1 { 32 } else { 0 }).as_ptr().cast());
+    let idx = |h: u16| _mm512_loadu_si512(interleave(h).as_ptr().cast());
     let (lo, hi) = (idx(0), idx(1));
     let dst = tiles.as_mut_ptr().cast::<__m512i>();
     for r in 0..TM {

@@ -219,9 +219,11 @@ fn round8(v: __m256) -> __m256 {
     _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan))
 }
 
-/// 8x8 transpose: lane `j` of result `c` is lane `c` of `r[j]`.
+/// 8x8 transpose: lane `j` of result `c` is lane `c` of `r[j]` (shuffles
+/// only: any 32-bit lanes; the AVX512-BF16 kernel's slivers use it too).
 #[target_feature(enable = "avx2")]
-fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+#[inline]
+pub(super) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     // t[2q] holds rows 2q, 2q + 1 interleaved at columns 0, 1 (low half)
     // and 4, 5 (high half); t[2q + 1] the same at 2, 3 / 6, 7
     let t: [__m256; 8] = std::array::from_fn(|i| {

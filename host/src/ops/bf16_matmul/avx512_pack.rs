@@ -68,7 +68,6 @@ impl Source<'_> {
     }
 }
 
-
 /// Asks for the cache lines of `len` bytes from address `start` to be
 /// brought into L2 (no fault, no wait).
 fn prefetch_bytes(start: usize, len: usize) {
@@ -80,7 +79,6 @@ fn prefetch_bytes(start: usize, len: usize) {
     }
 }
 
-
 /// Lanes `0 .. len` (at most 32) set.
 pub(super) fn lanes(len: usize) -> u32 {
     if len >= 32 {
@@ -89,7 +87,6 @@ pub(super) fn lanes(len: usize) -> u32 {
         (1u32 << len) - 1
     }
 }
-
 
 /// 16x16 transpose of 32-bit values: lane `j` of result row `i` is lane
 /// `i` of `r[j]`.
@@ -130,42 +127,22 @@ pub(super) unsafe fn transpose16(r: &[std::arch::x86_64::__m512i; 16]) -> [std::
     out
 }
 
-
-/// 8x8 transpose of 32-bit values: lane `j` of result row `i` is lane `i`
-/// of `r[j]`.
-///
-/// # Safety
-/// AVX2 available.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(super) unsafe fn transpose8(r: &[std::arch::x86_64::__m256i; 8]) -> [std::arch::x86_64::__m256i; 8] {
-    use std::arch::x86_64::*;
-    // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved (columns 0, 1, 4, 5
-    // and 2, 3, 6, 7); u[4g + j] lane l: column j (+ 4 in the high half) of
-    // rows 4g .. 4g + 4; then the 128-bit halves meet.
-    let mut t = [_mm256_setzero_si256(); 8];
-    for i in 0..4 {
-        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+/// `_mm512_permutex2var_epi16` indices interleaving two rows `a`, `b` of
+/// 32 bf16 into pairs: word `i` is `a[16 h + i / 2]` for even `i`, `b[..]`
+/// for odd (`h = 1`: the second 16 columns).
+pub(super) const fn interleave(h: u16) -> [u16; 32] {
+    let mut idx = [0; 32];
+    let mut i = 0;
+    while i < 32 {
+        idx[i] = i as u16 / 2 + 16 * h + if i % 2 == 1 { 32 } else { 0 };
+        i += 1;
     }
-    let mut u = [_mm256_setzero_si256(); 8];
-    for g in 0..2 {
-        let q = &t[4 * g..4 * g + 4];
-        u[4 * g] = _mm256_unpacklo_epi64(q[0], q[2]);
-        u[4 * g + 1] = _mm256_unpackhi_epi64(q[0], q[2]);
-        u[4 * g + 2] = _mm256_unpacklo_epi64(q[1], q[3]);
-        u[4 * g + 3] = _mm256_unpackhi_epi64(q[1], q[3]);
-    }
-    let mut out = [_mm256_setzero_si256(); 8];
-    for j in 0..4 {
-        out[j] = _mm256_permute2x128_si256::<0x20>(u[j], u[4 + j]);
-        out[4 + j] = _mm256_permute2x128_si256::<0x31>(u[j], u[4 + j]);
-    }
-    out
+    idx
 }
 
 /// bf16 bits of 16 f32 (given as their bits), rounded as
-/// [`super::round_bits`] does.
+/// [`super::round_bits`] does (`quant_bf16`'s vector rounding), packed to
+/// 16 u16.
 ///
 /// # Safety
 /// AVX-512 F and BW available.
@@ -173,9 +150,6 @@ pub(super) unsafe fn transpose8(r: &[std::arch::x86_64::__m256i; 8]) -> [std::ar
 #[inline]
 pub(super) unsafe fn round16(b: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
-    let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff)), _mm512_set1_epi32(0x7f80_0000));
-    let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
-    _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet))
+    // SAFETY: the caller's features.
+    unsafe { _mm512_cvtepi32_epi16(crate::ops::quant_bf16::x86::round_bits(_mm512_castsi512_ps(b))) }
 }

@@ -27,7 +27,8 @@
 //! against the factor's hi and lo bf16 halves, and the up product runs as
 //! `3r` extra reduction elements of every tile, so no separate `[T, out]`
 //! pass exists.
-use super::avx512_pack::{lanes, round16, transpose16, transpose8, Source};
+use super::avx2::transpose8;
+use super::avx512_pack::{interleave, lanes, round16, transpose16, Source};
 use super::portable::grown;
 use super::{round_bits, widen};
 use crate::ops::SharedMut;
@@ -136,18 +137,6 @@ unsafe fn rows_down(w: Source<'_>, (n, k): (usize, usize), n0: usize, width: usi
     }
 }
 
-/// Word `i` of an interleave of rows `a` and `b` (`_mm512_permutex2var_epi16`
-/// indices): even words from `a`, odd from `b`, columns `16 h ..`.
-const fn interleave(h: u16) -> [u16; 32] {
-    let mut idx = [0; 32];
-    let mut i = 0;
-    while i < 32 {
-        idx[i] = i as u16 / 2 + 16 * h + if i % 2 == 1 { 32 } else { 0 };
-        i += 1;
-    }
-    idx
-}
-
 /// Panel of the input gradient: `panel[p][j] = (W[2p][c0 + j],
 /// W[2p + 1][c0 + j])` for `w: [rows, cols]`: two rows' 32 values loaded (or decoded)
 /// and interleaved in registers; the padding (columns past `width`, a row
@@ -193,7 +182,8 @@ unsafe fn pack_sliver(a: &[f32], (rows, k): (usize, usize), dst: &mut [u32]) {
             // SAFETY: the mask stops at the end of row r (masked lanes never fault).
             *v = unsafe { round16(_mm512_castps_si512(_mm512_maskz_loadu_ps(mask, a.as_ptr().add(r * k + c0)))) };
         }
-        let t = unsafe { transpose8(&v) };
+        // (the AVX2 kernel's transpose of f32 lanes: shuffles move bits)
+        let t = transpose8(v.map(|r| _mm256_castsi256_ps(r))).map(|r| _mm256_castps_si256(r));
         let at = dst.as_mut_ptr().wrapping_add(p0 * MR);
         if kp - p0 >= 8 {
             // SAFETY: pairs p0 .. p0 + 8 lie inside `dst`. (One write of the
@@ -342,12 +332,27 @@ pub(super) unsafe fn tile(sliver: &[u32], panel: &[u32], kp: usize, out: *mut f3
             acc[1] = _mm512_dpbf16_ps(acc[1], a, b1);
         }
     }
-    let lanes = |n: usize| if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as u16 };
-    let (m0, m1) = (lanes(cols.min(16)), lanes(cols.saturating_sub(16)));
+    // SAFETY: as the caller promises.
+    unsafe { store(&acc, out, ld, (rows, cols), None) };
+}
+
+/// Rows `..rows` and columns `..cols` of a register tile's accumulators
+/// into `out` (row stride `ld`), times `alpha` if given.
+///
+/// # Safety
+/// AVX-512 F available; `out` holds those rows and columns, which nothing
+/// else touches meanwhile.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store(acc: &[[__m512; 2]; MR], out: *mut f32, ld: usize, (rows, cols): (usize, usize), alpha: Option<f32>) {
+    let (m0, m1) = (lanes(cols.min(16)) as u16, lanes(cols.saturating_sub(16)) as u16);
+    let scaled = |v: __m512| alpha.map_or(v, |a| _mm512_mul_ps(v, _mm512_set1_ps(a)));
     for (r, acc) in acc.iter().enumerate().take(rows) {
         // SAFETY: masked-off lanes are not touched; the caller owns the rest.
-        _mm512_mask_storeu_ps(out.add(r * ld), m0, acc[0]);
-        _mm512_mask_storeu_ps(out.add(r * ld + 16), m1, acc[1]);
+        unsafe {
+            _mm512_mask_storeu_ps(out.add(r * ld), m0, scaled(acc[0]));
+            _mm512_mask_storeu_ps(out.add(r * ld + 16), m1, scaled(acc[1]));
+        }
     }
 }
 
@@ -384,15 +389,8 @@ pub(super) unsafe fn vnni_block(a: *const u32, a_stride: usize, b: *const u32, c
             }
         }
     }
-    let lanes = |n: usize| if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as u16 };
-    let (m0, m1, scale) = (lanes(cols.min(16)), lanes(cols.saturating_sub(16)), _mm512_set1_ps(alpha));
-    for (r, acc) in acc.iter().enumerate().take(rows) {
-        // SAFETY: masked-off lanes are not touched; the caller owns the rest.
-        unsafe {
-            _mm512_mask_storeu_ps(out.add(r * ld), m0, _mm512_mul_ps(acc[0], scale));
-            _mm512_mask_storeu_ps(out.add(r * ld + 16), m1, _mm512_mul_ps(acc[1], scale));
-        }
-    }
+    // SAFETY: as the caller promises.
+    unsafe { store(&acc, out, ld, (rows, cols), Some(alpha)) };
 }
 
 thread_local! {
