@@ -1,3 +1,5 @@
+# The session's env.sh and queue scripts q1-q5, concatenated as a record (each was run
+# on its own with `bash qN.sh`; this file is not meant to run as one).
 # Measurement environment for issue 23 runs (recreated 2026-12-04 afternoon session).
 cd /work/main
 export RAYON_NUM_THREADS=2
