@@ -20,6 +20,7 @@ use hexlora::eval::model_methods::{self, Budget, ModelMethodConfig};
 use hexlora::eval::model_runtime::{EvalModel, LabelScore};
 use hexlora::eval::task::TaskSpec;
 use hexlora::lora::{Adapter, LoraConfig};
+use hexlora::npu::{Precision, PrecisionPolicy};
 use hexlora::train::graph::TrainableModel;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,7 @@ fn cfg(work: &Path, common_adapter: Option<PathBuf>) -> ModelMethodConfig {
         work_dir: work.join("runs"),
         common_adapter,
         label_score: LabelScore::Mean,
+        split_policy: Default::default(),
     }
 }
 
@@ -116,6 +118,40 @@ fn user_lora_through_the_split_runtime_moves_the_adapter_as_the_f32_run_does() {
     println!("update norm: f32 {:.3e}, split {:.3e}, their difference {:.3e}", norm(&f32_run), norm(&on_dsp), norm(&gap));
     assert!(norm(&f32_run) > 1e-3, "the user's steps must move the adapter");
     assert!(norm(&gap) < 0.1 * norm(&f32_run), "the split run's update strays from the f32 run's");
+}
+
+/// `--precision f16` keeps the frozen weights resident in f16 instead of
+/// the default policy's Q8_0: the split run's `frozen_products` names that
+/// policy, and its update comes closer to the f32 run's than the default
+/// policy's does (f16 holds the model's weights nearly exactly; Q8_0 rounds
+/// them to 8 bits a block).
+#[test]
+fn user_lora_at_f16_precision_strays_less_from_f32_than_at_the_default_policy() {
+    let (model, split) = model_and_split();
+    let work = tempfile::tempdir().unwrap();
+    let common_dir = work.path().join("common");
+    let start = common(&model);
+    start.save(&common_dir).unwrap();
+    let train = |name: &str, policy: PrecisionPolicy, tag: &str| {
+        let mut cfg = cfg(&work.path().join(tag), Some(common_dir.clone()));
+        cfg.split_policy = policy;
+        let mut m = model_methods::by_name(name, model.clone(), cfg).unwrap();
+        m.prepare_user(&split.spec, &split.users[0]).unwrap();
+        let frozen = m.config()["frozen_products"].as_str().unwrap().to_string();
+        println!("{tag}: {frozen}");
+        if name == "user-lora" {
+            assert!(frozen.contains(&format!("precision policy {policy}")), "{frozen}");
+        }
+        let dir = work.path().join(tag).join("runs").join(name).join("ann").join("adapter");
+        delta(&Adapter::load(&dir).unwrap(), &start)
+    };
+    let f32_run = train("user-lora-f32", PrecisionPolicy::default(), "f32");
+    let q8 = train("user-lora", PrecisionPolicy::default(), "default");
+    let f16 = train("user-lora", PrecisionPolicy::uniform(Precision::Fp16), "f16");
+    let gap = |a: &[f64]| norm(&a.iter().zip(&f32_run).map(|(x, y)| x - y).collect::<Vec<_>>());
+    println!("gap to the f32 update: default policy {:.3e}, f16 {:.3e} (f32 update {:.3e})", gap(&q8), gap(&f16), norm(&f32_run));
+    assert!(gap(&f16) < gap(&q8), "f16-resident weights must stray less from f32 than Q8_0 ones");
+    assert!(gap(&f16) < 0.01 * norm(&f32_run), "an f16 split run must follow the f32 run closely");
 }
 
 /// `hexlora eval --train-split none --common-adapter DIR`: the harness

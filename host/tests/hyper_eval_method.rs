@@ -95,6 +95,7 @@ fn common_lora(model: Arc<EvalModel>, adapter_dir: &Path, work: &Path) -> Box<dy
         work_dir: work.to_path_buf(),
         common_adapter: Some(adapter_dir.to_path_buf()),
         label_score: hexlora::eval::model_runtime::LabelScore::Mean, // as HypernetMethod scores by default
+        split_policy: Default::default(),
     };
     Box::new(model_methods::by_name("common-lora", model, cfg).unwrap())
 }

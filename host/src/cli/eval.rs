@@ -11,6 +11,7 @@ use hexlora::eval::model_methods::{self, Budget, ModelMethodConfig};
 use hexlora::eval::model_runtime::{EvalModel, LabelScore};
 use hexlora::eval::progress::Progress;
 use hexlora::hyper::eval_method as hyper_eval;
+use hexlora::npu::PrecisionPolicy;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -144,6 +145,11 @@ struct ModelArgs {
     /// Training runs go here (default: `<out>/train-<task>`).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Resident precision of `user-lora`'s frozen products on the DSP:
+    /// `default` (the mission's: recurrent f16, attention and MLP q8_0, as
+    /// `personalize`), `f16`, `q8_0`, or overrides like `attention=f16`.
+    #[arg(long, default_value = "default")]
+    precision: String,
     /// Trained hypernetwork directory (`hexlora hypertrain`), for `--method hypernet`.
     #[arg(long)]
     hypernet: Option<PathBuf>,
@@ -187,6 +193,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         work_dir: m.work_dir.clone().unwrap_or_else(|| args.out.join(format!("train-{task}"))),
         common_adapter: m.common_adapter.clone(),
         label_score: m.label_score.into(),
+        split_policy: PrecisionPolicy::parse(&m.precision)?,
     };
     Ok(Box::new(model_methods::by_name(name, model, cfg).expect("name checked above").with_user_epochs(m.user_epochs)))
 }

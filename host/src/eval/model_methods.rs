@@ -84,6 +84,11 @@ pub struct ModelMethodConfig {
     pub common_adapter: Option<PathBuf>,
     /// How classification scores its labels.
     pub label_score: LabelScore,
+    /// Resident precision of `user-lora`'s frozen products on the DSP
+    /// (`PrecisionPolicy::default()` is the mission's, as `personalize`'s).
+    /// Named in the result's `frozen_products`.
+    #[serde(skip)]
+    pub split_policy: PrecisionPolicy,
 }
 
 /// Which adapter (if any) a method answers with, and how it gets it.
@@ -367,7 +372,7 @@ impl ModelMethod {
     }
 
     /// Routes `user-lora`'s training graph through the split runtime once:
-    /// the in-process DSP service, the default precision policy and the
+    /// the in-process DSP service, the configured precision policy and the
     /// token buckets `personalize` validates, every route probed afresh.
     fn ensure_split(&mut self) -> Result<()> {
         if self.kind != MethodKind::UserLora || self.split.is_some() {
@@ -375,7 +380,7 @@ impl ModelMethod {
         }
         let ckpt = Checkpoint::open(&self.model.path)?;
         let client = NpuClient::connect(TransportKind::InProcess, &NpuOptions::default())?;
-        let side = DspSide::Npu { client, policy: PrecisionPolicy::default() };
+        let side = DspSide::Npu { client, policy: self.cfg.split_policy };
         let buckets = Arc::new(Buckets::parse(SPLIT_BUCKETS)?);
         let split = load_split(&ckpt, &side, buckets, false, &PlanCache::disabled())?;
         self.split = Some((side, split));
@@ -462,7 +467,7 @@ impl Method for ModelMethod {
         if let Some(obj) = v.as_object_mut() {
             obj.insert("user_epochs".into(), self.user_epochs.into());
             let frozen = match (&self.split, self.kind) {
-                (Some((_, split)), _) => format!("split runtime: in-process DSP service, default precision policy, buckets {SPLIT_BUCKETS}; {}", split.routes.summary()),
+                (Some((_, split)), _) => format!("split runtime: in-process DSP service, precision policy {}, buckets {SPLIT_BUCKETS}; {}", self.cfg.split_policy, split.routes.summary()),
                 (None, MethodKind::UserLora) => "split runtime (not yet routed: no user trained)".into(),
                 _ => "CPU f32".into(),
             };
