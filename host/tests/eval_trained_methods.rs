@@ -15,6 +15,7 @@
 //! they are not.
 use hexlora::autograd::counter_rng;
 use hexlora::eval::dataset::{ProfileItem, Query, Split, User};
+use hexlora::eval::harness;
 use hexlora::eval::method::Method;
 use hexlora::eval::model_methods::{self, Budget, ModelMethodConfig};
 use hexlora::eval::model_runtime::{EvalModel, LabelScore};
@@ -152,6 +153,25 @@ fn user_lora_at_f16_precision_strays_less_from_f32_than_at_the_default_policy() 
     println!("gap to the f32 update: default policy {:.3e}, f16 {:.3e} (f32 update {:.3e})", gap(&q8), gap(&f16), norm(&f32_run));
     assert!(gap(&f16) < gap(&q8), "f16-resident weights must stray less from f32 than Q8_0 ones");
     assert!(gap(&f16) < 0.01 * norm(&f32_run), "an f16 split run must follow the f32 run closely");
+}
+
+/// The policy is part of `user-lora`'s config, and so of the sweep's
+/// fingerprint: `eval --resume` at another `--precision` refuses the
+/// progress file instead of mixing the two policies' users.
+#[test]
+fn user_loras_precision_policy_is_in_its_config_and_fingerprint() {
+    let (model, split) = model_and_split();
+    let work = tempfile::tempdir().unwrap();
+    let mut f16 = cfg(work.path(), None);
+    f16.split_policy = PrecisionPolicy::uniform(Precision::Fp16);
+    let default = model_methods::by_name("user-lora", model.clone(), cfg(work.path(), None)).unwrap();
+    let f16 = model_methods::by_name("user-lora", model.clone(), f16).unwrap();
+    assert_eq!(default.config()["split_policy"], "attention=q8_0,mlp=q8_0,recurrent=f16");
+    assert_eq!(f16.config()["split_policy"], "attention=f16,mlp=f16,recurrent=f16");
+    let print = |m: &dyn Method| harness::fingerprint(m, &split, "test", &[]);
+    assert_ne!(print(&default), print(&f16));
+    let f32_run = model_methods::by_name("user-lora-f32", model, cfg(work.path(), None)).unwrap();
+    assert!(f32_run.config().get("split_policy").is_none(), "the f32 path has no resident policy");
 }
 
 /// `hexlora eval --train-split none --common-adapter DIR`: the harness

@@ -86,7 +86,7 @@ pub struct ModelMethodConfig {
     pub label_score: LabelScore,
     /// Resident precision of `user-lora`'s frozen products on the DSP
     /// (`PrecisionPolicy::default()` is the mission's, as `personalize`'s).
-    /// Named in the result's `frozen_products`.
+    /// `user-lora`'s `config()` carries it (`split_policy`).
     #[serde(skip)]
     pub split_policy: PrecisionPolicy,
 }
@@ -472,6 +472,11 @@ impl Method for ModelMethod {
                 _ => "CPU f32".into(),
             };
             obj.insert("frozen_products".into(), frozen.into());
+            if self.kind == MethodKind::UserLora {
+                // Part of the sweep's fingerprint: a resume at another
+                // policy must not mix its users with this one's.
+                obj.insert("split_policy".into(), self.cfg.split_policy.to_string().into());
+            }
         }
         v
     }
