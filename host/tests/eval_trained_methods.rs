@@ -95,30 +95,40 @@ fn norm(v: &[f64]) -> f64 {
 fn user_lora_through_the_split_runtime_moves_the_adapter_as_the_f32_run_does() {
     let (model, split) = model_and_split();
     let work = tempfile::tempdir().unwrap();
-    let common_dir = work.path().join("common");
-    let start = common(&model);
-    start.save(&common_dir).unwrap();
-    let cfg = cfg(work.path(), Some(common_dir));
-    let mut trained = Vec::new();
-    for name in ["user-lora", "user-lora-f32"] {
-        let mut m = model_methods::by_name(name, model.clone(), cfg.clone()).unwrap();
-        m.prepare_population(&split).unwrap();
-        m.prepare_user(&split.spec, &split.users[0]).unwrap();
-        let frozen = m.config()["frozen_products"].as_str().unwrap().to_string();
-        println!("{name}: {frozen}");
-        if name == "user-lora" {
-            assert!(frozen.contains("routes on the DSP") && !frozen.contains(" 0 of "), "{frozen}");
-        } else {
-            assert_eq!(frozen, "CPU f32");
-        }
-        let adapter_dir: PathBuf = work.path().join("runs").join(name).join("ann").join("adapter");
-        trained.push(Adapter::load(&adapter_dir).unwrap());
-    }
-    let (on_dsp, f32_run) = (delta(&trained[0], &start), delta(&trained[1], &start));
+    let (start, common_dir) = saved_common(&model, work.path());
+    let train = |name| train_first_user(&model, &split, (&start, &common_dir), work.path(), name, PrecisionPolicy::default());
+    let (frozen, on_dsp) = train("user-lora");
+    assert!(frozen.contains("routes on the DSP") && !frozen.contains(" 0 of "), "{frozen}");
+    let (frozen, f32_run) = train("user-lora-f32");
+    assert_eq!(frozen, "CPU f32");
     let gap: Vec<f64> = on_dsp.iter().zip(&f32_run).map(|(a, b)| a - b).collect();
     println!("update norm: f32 {:.3e}, split {:.3e}, their difference {:.3e}", norm(&f32_run), norm(&on_dsp), norm(&gap));
     assert!(norm(&f32_run) > 1e-3, "the user's steps must move the adapter");
     assert!(norm(&gap) < 0.1 * norm(&f32_run), "the split run's update strays from the f32 run's");
+}
+
+/// The common LoRA the per-user runs start from, saved as a PEFT
+/// directory under `work` for `--common-adapter`.
+fn saved_common(model: &EvalModel, work: &Path) -> (Adapter, PathBuf) {
+    let dir = work.join("common");
+    let start = common(model);
+    start.save(&dir).unwrap();
+    (start, dir)
+}
+
+/// Trains method `name` on the first user from the saved common LoRA at
+/// `policy`, under `work/runs`: the result's `frozen_products` and the
+/// adapter's update from the common LoRA.
+fn train_first_user(model: &Arc<EvalModel>, split: &Split, (start, common_dir): (&Adapter, &Path), work: &Path, name: &str, policy: PrecisionPolicy) -> (String, Vec<f64>) {
+    let mut cfg = cfg(work, Some(common_dir.to_path_buf()));
+    cfg.split_policy = policy;
+    let mut m = model_methods::by_name(name, model.clone(), cfg).unwrap();
+    m.prepare_population(split).unwrap();
+    m.prepare_user(&split.spec, &split.users[0]).unwrap();
+    let frozen = m.config()["frozen_products"].as_str().unwrap().to_string();
+    println!("{name}: {frozen}");
+    let adapter_dir = work.join("runs").join(name).join("ann").join("adapter");
+    (frozen, delta(&Adapter::load(&adapter_dir).unwrap(), start))
 }
 
 /// `--precision f16` keeps the frozen weights resident in f16 instead of
@@ -130,21 +140,13 @@ fn user_lora_through_the_split_runtime_moves_the_adapter_as_the_f32_run_does() {
 fn user_lora_at_f16_precision_strays_less_from_f32_than_at_the_default_policy() {
     let (model, split) = model_and_split();
     let work = tempfile::tempdir().unwrap();
-    let common_dir = work.path().join("common");
-    let start = common(&model);
-    start.save(&common_dir).unwrap();
-    let train = |name: &str, policy: PrecisionPolicy, tag: &str| {
-        let mut cfg = cfg(&work.path().join(tag), Some(common_dir.clone()));
-        cfg.split_policy = policy;
-        let mut m = model_methods::by_name(name, model.clone(), cfg).unwrap();
-        m.prepare_user(&split.spec, &split.users[0]).unwrap();
-        let frozen = m.config()["frozen_products"].as_str().unwrap().to_string();
-        println!("{tag}: {frozen}");
+    let (start, common_dir) = saved_common(&model, work.path());
+    let train = |name, policy: PrecisionPolicy, tag| {
+        let (frozen, update) = train_first_user(&model, &split, (&start, &common_dir), &work.path().join(tag), name, policy);
         if name == "user-lora" {
             assert!(frozen.contains(&format!("precision policy {policy}")), "{frozen}");
         }
-        let dir = work.path().join(tag).join("runs").join(name).join("ann").join("adapter");
-        delta(&Adapter::load(&dir).unwrap(), &start)
+        update
     };
     let f32_run = train("user-lora-f32", PrecisionPolicy::default(), "f32");
     let q8 = train("user-lora", PrecisionPolicy::default(), "default");
