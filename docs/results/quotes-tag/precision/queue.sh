@@ -11,3 +11,5 @@ t dev-ul $H eval $D --method user-lora --user-epochs 1 --user-lr 3e-3 --out $R/d
 t test-ul-f16 $H eval $T --method user-lora --precision f16 --user-epochs 1 --user-lr 3e-3 --out $R/test-ul-f16 --work-dir $R/w-test-ul-f16
 t test-ul $H eval $T --method user-lora --user-epochs 1 --user-lr 3e-3 --out $R/test-ul --work-dir $R/w-test-ul
 echo q1 done >> /work/runs/times.txt
+# 2026-12-04 night session (same Zen 4, same binary and common LoRA): the dropped test-ul, alone.
+t test-ul $H eval $T --method user-lora --user-epochs 1 --user-lr 3e-3 --out $R/test-ul --work-dir $R/w-test-ul
