@@ -2,7 +2,7 @@
 # Builds dsp/fastrpc-standin (a native, test-only libcdsprpc.so stand-in that
 # serves the skel in-process, built with the device's HAP paths) and prints
 # its path as the last line; ci/test.sh exports it as HEXLORA_FASTRPC_LIB
-# for host/tests/npu_fastrpc.rs. Its own workspace and target directory keep
+# for host/tests/suite/npu_fastrpc.rs. Its own workspace and target directory keep
 # the firmware's `hap` feature out of the main build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,10 @@
 # AVX2 CPU build) in a venv of its own: a peer for this check, never a
 # dependency of hexlora. Ends with `N passed, M failed`.
 #
-# Env: HEXLORA_PEER_VENV (default target/peer-venv), PYTHON (python3).
+# Env: HEXLORA_PEER_VENV (default target/peer-venv), PYTHON (python3),
+# HEXLORA_BIN (default: the dev build; ci/test.sh passes the one its
+# `cargo test` made, since `cargo build` resolves features without the
+# dev-dependencies and would rebuild the crate and part of its tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HEXLORA_PEER_VENV:-target/peer-venv}"
@@ -15,8 +18,10 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import xllamacpp, ggu
     "${PYTHON:-python3}" -m venv "$VENV"
     "$VENV/bin/pip" install --quiet xllamacpp==2026.10.11549 gguf==0.19.0 safetensors numpy
 fi
-# The dev profile: cargo test has built it already in CI.
-cargo build -q -p hexlora
+if [ -z "${HEXLORA_BIN:-}" ]; then
+    cargo build -q -p hexlora --bin hexlora
+    HEXLORA_BIN=target/debug/hexlora
+fi
 # llama.cpp's own log (loading, slots) goes to a file; the checks to stdout.
-"$VENV/bin/python" ci/llama_cpp_adapter.py target/debug/hexlora "$MODEL" target/llama-cpp-adapter 2>target/llama-cpp-adapter.log \
+"$VENV/bin/python" ci/llama_cpp_adapter.py "$HEXLORA_BIN" "$MODEL" target/llama-cpp-adapter 2>target/llama-cpp-adapter.log \
     || { tail -n 20 target/llama-cpp-adapter.log >&2; exit 1; }

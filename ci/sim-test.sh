@@ -7,11 +7,15 @@
 #    the suite (a test-name filter, --dump-log);
 # 2. the projection service (dsp/src/bin/sim_service.rs) behind the host's
 #    simulator transport: the host tests that kill, hang and compare it
-#    (host/tests/npu_transports.rs), with HEXLORA_SIM_SERVICE naming it.
+#    (host/tests/suite/npu_transports.rs), with HEXLORA_SIM_SERVICE naming it.
 #
-# `ci/sim-test.sh --build-service` only builds the service and prints its
-# path as the last line (ci/test.sh exports it before the native tests,
-# whose simulator parts fail in CI without it).
+# `ci/sim-test.sh --build-service` only builds the service and the
+# self-test ELF (one build: the same crate and flags) and prints the
+# service's path as the last line; the ELF is `selftest` beside it.
+# ci/test.sh exports both before the native tests, whose simulator and
+# firmware-log parts fail in CI without them, and then runs
+# `ci/sim-test.sh --selftest-only`: part 1 alone, since the native tests
+# have run part 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source toolchain/hexagon-env.sh
@@ -27,12 +31,17 @@ build() {
 }
 
 service="$HEXAGON_OUT/debug/sim_service"
-build sim_service
-if [ "${1:-}" = --build-service ]; then
-    echo "$service"
-    exit 0
-fi
+host_tests=1
+case "${1:-}" in
+    --build-service)
+        build sim_service
+        build selftest
+        echo "$service"
+        exit 0 ;;
+    --selftest-only) host_tests=0; shift ;;
+esac
 
+build sim_service
 build selftest
 elf="$HEXAGON_OUT/debug/selftest"
 out=$(mktemp)
@@ -51,6 +60,7 @@ if ! grep -Eq '^[0-9]+ passed, [0-9]+ failed$' "$out"; then
 fi
 [ "$status" = 0 ] || exit "$status"
 
+((host_tests)) || exit 0
 echo "== host simulator transport against the Hexagon service"
 ( unset RUSTC RUSTC_BOOTSTRAP
-  HEXLORA_SIM_SERVICE="$service" cargo test -p hexlora --test npu_transports simulator )
+  HEXLORA_SIM_SERVICE="$service" cargo test -p hexlora --test suite npu_transports::simulator )

@@ -16,10 +16,12 @@ stage "install" bash toolchain/install.sh
 stage "fetch models" bash -c 'bash toolchain/fetch-models.sh || echo "WARNING: model fetch failed; SmolLM2 and Gemma 3 tests will skip (fail under CI)"'
 stage "fetch bench data" bash -c 'bash toolchain/fetch-bench-data.sh || echo "WARNING: benchmark data fetch failed; data tests will skip (fail under CI)"'
 
-# The simulator transport tests below need it.
-stage "build: Hexagon projection service" bash ci/sim-test.sh --build-service
+# The simulator transport and firmware-log tests of the native run need
+# the Hexagon projection service and the self-test ELF beside it.
+stage "build: Hexagon service and self-test ELF" bash ci/sim-test.sh --build-service
 HEXLORA_SIM_SERVICE=$(stage_last_line)
-export HEXLORA_SIM_SERVICE
+HEXLORA_FIRMWARE_ELF=$(dirname "$HEXLORA_SIM_SERVICE")/selftest
+export HEXLORA_SIM_SERVICE HEXLORA_FIRMWARE_ELF
 
 # The FastRPC transport tests below need it.
 stage "build+test: FastRPC stand-in" bash ci/fastrpc-standin.sh
@@ -27,17 +29,24 @@ HEXLORA_FASTRPC_LIB=$(stage_last_line)
 export HEXLORA_FASTRPC_LIB
 
 stage "native tests" cargo test --workspace
+# The binary that run made for the integration tests: the checks below use
+# it, since a `cargo build` resolves features without the dev-dependencies
+# and would rebuild the crate.
+export HEXLORA_BIN=$PWD/target/debug/hexlora
 
 # The workspace run above used the widest this CPU has; the portable build
 # is the aarch64 one, which ci/aarch64-test.sh runs the same test on.
-stage "SmolLM2 vs transformers, AVX2 decoding" env HEXLORA_MATVEC=avx2 cargo test -q -p hexlora --test model_smollm2
+stage "SmolLM2 vs transformers, AVX2 decoding" env HEXLORA_MATVEC=avx2 cargo test -q -p hexlora --test suite model_smollm2::
 
 stage "GGUF LoRA adapters in llama.cpp" bash ci/llama-cpp-adapter.sh
 
 stage "stage 1 federated on Flower, loopback" bash ci/federated-test.sh
 
-# ci/fuzz.sh; the long pass is run by hand (docs/STATUS.md).
-stage "fuzz targets, short pass" bash ci/fuzz.sh "${FUZZ_SECONDS:-15}"
+# Fuzzing: the native tests replay every target's body over its kept
+# regression inputs and a few thousand mutants of the fixture seeds
+# (host/tests/suite/fuzz_replay.rs). Coverage-guided fuzzing under the
+# address sanitizer is a tier of its own, `bash ci/fuzz.sh` (its build
+# alone took 10 minutes here); its latest long pass is in fuzz/README.md.
 
 # The same registry the simulator runs.
 stage "firmware self-test, native" bash -c 'set -o pipefail; cargo run -q -p hexlora-dsp --bin selftest | tail -n 1'
@@ -48,19 +57,8 @@ stage "build: skel shared object (v73)" bash ci/build-skel.sh v73
 
 stage "HVX float tile engine for v73 (objdump)" bash ci/hvx-float-check.sh
 
-firmware_log() {
-    set -e
-    # ci/sim-test.sh below builds the same ELF; build it first for this test.
-    source toolchain/hexagon-env.sh
-    RUSTFLAGS="$(hexagon_rustflags sim)" "${HEXAGON_CARGO[@]}" build "${HEXAGON_BUILD[@]}" \
-        -p hexlora-dsp --features sim --bin selftest
-    ( unset RUSTC RUSTC_BOOTSTRAP
-      HEXLORA_FIRMWARE_ELF="$HEXAGON_OUT/debug/selftest" \
-          cargo test -p hexlora --test firmware_log -- --nocapture )
-}
-stage "firmware log decoded on the host" firmware_log
-
-stage "Hexagon simulator self-tests" bash ci/sim-test.sh
+# The host's simulator transport tests ran in the native stage.
+stage "Hexagon simulator self-tests" bash ci/sim-test.sh --selftest-only
 
 stage "aarch64 host tests, qemu -cpu max" bash ci/aarch64-test.sh max
 stage "aarch64 subset, qemu -cpu cortex-a53" bash ci/aarch64-test.sh cortex-a53

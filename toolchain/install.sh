@@ -18,7 +18,7 @@
 #                           wrapper: the static phone binary (ci/build-
 #                           aarch64.sh --static; adds dpkg's arm64 arch)
 #   fonts-dejavu-core       DejaVuSans.ttf, the font `hexlora report` draws
-#                           its plots' text with (host/tests/eval_report.rs,
+#                           its plots' text with (host/tests/suite/eval_report.rs,
 #                           eval_cli.rs)
 #
 # A rustup user can skip the Debian compilers instead: see toolchain/README.md.

@@ -1,31 +1,9 @@
-//! Fuzzes the GGUF reader as every command uses it: header, metadata and
-//! tensor infos parsed from arbitrary bytes, then the model configuration,
-//! the tokenizer, the expected-tensor check and every tensor converted to
-//! f32 (llama q/k and Qwen3.5 rewrites included). Each step either works
-//! or returns an error: a panic, an abort, a hang or an out-of-bounds
-//! access (under the sanitizer) is a finding.
-//!
-//!     cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run gguf_read
+//! The `gguf_read` fuzz target. Its body is `fuzz/bodies/gguf_read.rs`, which
+//! `host/tests/suite/fuzz_replay.rs` also runs natively (regression inputs, the
+//! fixture seeds and their mutants) in the test suite.
 #![no_main]
 
-use hexlora::model::config::ModelConfig;
-use hexlora::model::descriptor::Descriptor;
-use hexlora::model::gguf::Gguf;
-use hexlora::model::source::TensorSource;
-use hexlora::model::tokenizer::Tokenizer;
-use libfuzzer_sys::fuzz_target;
+#[path = "../bodies/gguf_read.rs"]
+mod body;
 
-fuzz_target!(|bytes: &[u8]| {
-    let Ok(g) = Gguf::from_bytes(bytes, "fuzz.gguf") else {
-        return;
-    };
-    for name in g.names() {
-        if let Ok(raw) = g.get(&name) {
-            let _ = raw.to_f32();
-        }
-    }
-    let _ = Tokenizer::from_gguf(&g).map(|t| t.encode("hello <|im_start|> world"));
-    if let Ok(cfg) = ModelConfig::from_gguf(&g) {
-        let _ = Descriptor::new(&cfg).check(&g);
-    }
-});
+libfuzzer_sys::fuzz_target!(|bytes: &[u8]| body::run(bytes));

@@ -1,46 +1,9 @@
-//! Fuzzes opening a Hugging Face model directory: the input is split into
-//! `config.json` and `model.safetensors` (a little-endian u16 giving the
-//! config's length, the config, then the safetensors bytes), both written
-//! to a directory of this process, then opened as `hexlora train` and
-//! `generate` open a model (`Checkpoint::open`), checked against the
-//! tensors its configuration expects, and every tensor read as f32.
-//!
-//!     cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run hf_dir
+//! The `hf_dir` fuzz target. Its body is `fuzz/bodies/hf_dir.rs`, which
+//! `host/tests/suite/fuzz_replay.rs` also runs natively (regression inputs, the
+//! fixture seeds and their mutants) in the test suite.
 #![no_main]
 
-use hexlora::model::checkpoint::Checkpoint;
-use hexlora::model::descriptor::Descriptor;
-use libfuzzer_sys::fuzz_target;
-use std::path::PathBuf;
-use std::sync::OnceLock;
+#[path = "../bodies/hf_dir.rs"]
+mod body;
 
-/// One directory per fuzzing process, rewritten by every input.
-fn dir() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("hexlora-fuzz-hf-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
-}
-
-fuzz_target!(|bytes: &[u8]| {
-    let Some((len, rest)) = bytes.split_first_chunk::<2>() else {
-        return;
-    };
-    let len = (u16::from_le_bytes(*len) as usize).min(rest.len());
-    let (config, weights) = rest.split_at(len);
-    std::fs::write(dir().join("config.json"), config).unwrap();
-    std::fs::write(dir().join("model.safetensors"), weights).unwrap();
-    let Ok(ckpt) = Checkpoint::open(dir()) else {
-        return;
-    };
-    let _ = Descriptor::new(&ckpt.config).check(ckpt.tensors());
-    for name in ckpt.tensors().names() {
-        if let Ok(raw) = ckpt.tensors().get(&name) {
-            let _ = raw.to_f32();
-        }
-    }
-    let _ = ckpt.first_non_finite();
-    let _ = ckpt.template();
-});
+libfuzzer_sys::fuzz_target!(|bytes: &[u8]| body::run(bytes));

@@ -170,7 +170,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = u64_in(1..=u32::MAX as u64))]
     commit_every: u64,
     /// Store the final hypernet/ weights as f16 (half the size; synthesis
-    /// changes within the bound tested in tests/hyper_weights_dtype.rs).
+    /// changes within the bound tested in tests/suite/hyper_weights_dtype.rs).
     #[arg(long, value_parser = choices(WEIGHTS_DTYPES), default_value = "f32")]
     weights_dtype: WeightsDtype,
     /// No progress bar.

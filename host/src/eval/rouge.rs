@@ -3,7 +3,7 @@
 //! on tokens longer than 3 characters, ROUGE-L by LCS).
 //!
 //! The scoring is the `rougers` crate, a port of rouge-score and of NLTK's
-//! stemmer; `tests/eval_rouge.rs` checks it against rouge-score itself on a
+//! stemmer; `tests/suite/eval_rouge.rs` checks it against rouge-score itself on a
 //! committed fixture of more than 1000 pairs, so a crate update that drifts
 //! fails the build instead of silently changing results.
 use rougers::{RougeScorer, RougeType};

@@ -29,7 +29,7 @@ use hexlora::train::graph::{Batch, GraphOptions, TrainableModel};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-mod support;
+use crate::support;
 
 /// DSP deviation allowed, in units of the weight-rounding sensitivity.
 const SENSITIVITY_FACTOR: f64 = 4.0;

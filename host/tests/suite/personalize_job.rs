@@ -3,7 +3,7 @@
 //! a thermal pause (fake battery file) changes nothing but the wall clock;
 //! SIGTERM stops after a committed step and a rerun finishes bit-identical
 //! to an uninterrupted run.
-mod support;
+use crate::support;
 use hexlora::train::commit::TrainState;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -9,7 +9,7 @@ use hexlora::model::gguf::{Gguf, Value};
 use hexlora::model::source::{DType, TensorSource};
 use std::path::{Path, PathBuf};
 
-mod support;
+use crate::support;
 use support::smollm2;
 
 fn fixture(name: &str) -> PathBuf {

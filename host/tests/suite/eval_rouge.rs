@@ -1,6 +1,6 @@
 //! ROUGE must equal Python rouge-score 0.1.2 (use_stemmer=True) on the pairs
 //! in fixtures/eval/rouge_pairs.jsonl, made by make_rouge_pairs.py.
-mod support;
+use crate::support;
 use hexlora::eval::rouge::{score_jsonl, Rouge, RougeScores};
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! (the reference is that run, made by the same command without the worker
 //! options); `--local-steps 0` writes the seeded network untrained; a round
 //! at the wrong step and a shard too small are refused, naming the option.
-mod support;
+use crate::support;
 use hexlora::lora::tensor_file::TensorFile;
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -3,7 +3,7 @@
 //! gives the PEFT directory's loss, logits and gradients bit for bit;
 //! `train --init-adapter FILE.gguf` starts from that adapter (its rank,
 //! alpha and targets) and refuses a directory that already holds a run.
-mod support;
+use crate::support;
 use hexlora::lora::Adapter;
 use hexlora::model::checkpoint::Checkpoint;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! before any large allocation or any overwritten output. The models are
 //! the tiny fixtures (`tests/fixtures/training/llama`: 128 ids, 256
 //! positions; `tests/fixtures/hyper/eval-model`: a tokenizer, 512 positions).
-mod support;
+use crate::support;
 use hexlora::model::gguf::Value;
 use hexlora::model::gguf_writer::GgufWriter;
 use std::path::{Path, PathBuf};

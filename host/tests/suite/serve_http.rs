@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-mod support;
+use crate::support;
 use support::{adapter, smollm2 as model};
 
 /// A running server, killed if the test fails before it stops it.

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-mod support;
+use crate::support;
 
 const OUT: usize = 48;
 const IN: usize = 64;

@@ -4,7 +4,7 @@
 //! target examples are token-for-token what the evaluation's trainers build;
 //! and the command trains from a split with a held-out log whose untrained
 //! entry reproduces the common LoRA's loss.
-mod support;
+use crate::support;
 use hexlora::autograd::counter_rng;
 use hexlora::eval::lamp::read_lamp_dir;
 use hexlora::eval::model_runtime::EvalModel;

@@ -22,7 +22,7 @@ use hexlora::model::generate::{generate, Sampling};
 use safetensors::SafeTensors;
 use std::path::PathBuf;
 
-mod support;
+use crate::support;
 use support::smollm2 as gguf_path;
 
 fn expected() -> Vec<u8> {

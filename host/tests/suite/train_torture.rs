@@ -9,7 +9,7 @@
 //!
 //! `HEXLORA_TORTURE_KILLS` (default 50), `HEXLORA_TORTURE_FLIPS` (default
 //! 20) and `HEXLORA_TORTURE_SEED` (default 24) set the counts and the seed.
-mod support;
+use crate::support;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

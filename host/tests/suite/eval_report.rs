@@ -11,7 +11,7 @@ use hexlora::eval::task::TaskSpec;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-mod support;
+use crate::support;
 
 fn split() -> Split {
     let labels = vec!["art".to_string(), "law".to_string(), "love".to_string()];

@@ -8,7 +8,7 @@
 //! line up. What only a phone checks is listed in that crate's docs.
 use std::path::{Path, PathBuf};
 
-mod support;
+use crate::support;
 
 /// The stand-in library, or None (skipped; a failure under CI, where
 /// ci/test.sh sets it).

@@ -6,7 +6,7 @@ use hexlora::model::gguf::Gguf;
 use hexlora::model::tokenizer::Tokenizer;
 use std::path::Path;
 
-mod support;
+use crate::support;
 use support::smollm2;
 
 fn fixture() -> serde_json::Value {

@@ -1,5 +1,5 @@
 //! What the `hexlora` binary does with its standard output.
-mod support;
+use crate::support;
 use std::process::Stdio;
 
 /// `hexlora ... | head` once `head` has exited: the process ends from

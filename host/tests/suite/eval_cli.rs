@@ -1,6 +1,6 @@
 //! The eval subcommands end to end through the binary: bench build on a
 //! hand-made fortune directory, eval on it and on a LongLaMP file, report.
-mod support;
+use crate::support;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 

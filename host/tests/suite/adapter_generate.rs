@@ -19,7 +19,7 @@ use safetensors::SafeTensors;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
-mod support;
+use crate::support;
 use support::{adapter, root, smollm2 as gguf_path};
 
 fn adapter_dir() -> PathBuf {

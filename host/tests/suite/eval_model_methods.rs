@@ -11,7 +11,7 @@ use hexlora::model::chat::Message;
 use hexlora::train::grad::evaluate;
 use hexlora::train::graph::TrainableModel;
 
-mod support;
+use crate::support;
 
 fn model() -> Option<EvalModel> {
     Some(EvalModel::open(&support::smollm2()?).unwrap())

@@ -10,7 +10,7 @@ use hexlora::npu::firmware_log::{parse_ring_dump, FirmwareLog};
 use std::path::PathBuf;
 use std::process::Command;
 
-mod support;
+use crate::support;
 
 fn firmware_elf() -> Option<PathBuf> {
     if Command::new("qemu-hexagon").arg("--version").output().is_err() {

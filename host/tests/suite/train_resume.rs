@@ -1,7 +1,7 @@
 //! The training loop on the tiny Llama fixture: determinism, in-process
 //! stop + resume, `kill -9` of `hexlora train` at random points + resume,
 //! all bit-identical to one uninterrupted run; and the loss goes down.
-mod support;
+use crate::support;
 use hexlora::lora::LoraConfig;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};

@@ -3,7 +3,7 @@
 //! gradient within 1e-4, per-tensor max-normalised. The binary is the one
 //! under test (`support::hexlora`): `ci/aarch64-test.sh` runs this with the
 //! aarch64 build and with the static musl build under qemu-aarch64.
-mod support;
+use crate::support;
 use hexlora::lora::tensor_file::TensorFile;
 
 fn check(arch: &str) {

@@ -30,7 +30,7 @@ use hexlora::model::tokenizer::Tokenizer;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
-mod support;
+use crate::support;
 use support::gemma3;
 
 fn tokenizer_fixture() -> serde_json::Value {

@@ -1,7 +1,7 @@
 //! What the integration tests share: where the fixtures and the real model
 //! are, how a test skips when a need is missing (`src/test_skip.rs`), and
 //! the `hexlora grad` command line over a training fixture.
-#![allow(dead_code)] // each test crate uses its own part
+#![allow(dead_code)] // each test module uses its own part
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -10,9 +10,9 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-#[path = "../../src/test_skip.rs"]
+#[path = "../../../src/test_skip.rs"]
 mod test_skip;
-#[allow(unused_imports)] // each test crate uses its own part
+#[allow(unused_imports)] // each test module uses its own part
 pub use test_skip::{skip, skip_allowed_in_ci};
 
 /// SmolLM2-135M-Instruct Q4_1, or `None` (skipped) when it is absent: a
