@@ -11,7 +11,7 @@
 # Env as ci/federated-test.sh (FLOWER_VENV, HEXLORA_BIN, PORT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export FLOWER_VENV="${FLOWER_VENV:-$PWD/target/flower-venv}"
+export FLOWER_VENV="${FLOWER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hexlora/flower-venv}"
 [ -x "$FLOWER_VENV/bin/flwr" ] || { echo "no Flower in $FLOWER_VENV: run ci/federated-test.sh first" >&2; exit 2; }
 if [ -z "${HEXLORA_BIN:-}" ]; then
     cargo build -q -p hexlora --bin hexlora

@@ -18,11 +18,12 @@
 # Flower comes from PyPI into a venv of its own (never a dependency of
 # hexlora). Ends with `N passed, M failed`.
 #
-# Env: FLOWER_VENV (default target/flower-venv), HEXLORA_BIN (default: the
+# Env: FLOWER_VENV (default ~/.cache/hexlora/flower-venv: outside the clone,
+# so a clean clone reuses it; remade when an import fails), HEXLORA_BIN (default: the
 # dev build, which cargo test has made in CI), PYTHON (python3), PORT (19300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export FLOWER_VENV="${FLOWER_VENV:-$PWD/target/flower-venv}"
+export FLOWER_VENV="${FLOWER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hexlora/flower-venv}"
 if [ ! -x "$FLOWER_VENV/bin/flwr" ] || ! "$FLOWER_VENV/bin/python" -c "import flwr, safetensors, numpy" 2>/dev/null; then
     echo "federated-test: making $FLOWER_VENV (federated/pyproject.toml's dependencies)"
     "${PYTHON:-python3}" -m venv "$FLOWER_VENV"

@@ -4,13 +4,14 @@
 # AVX2 CPU build) in a venv of its own: a peer for this check, never a
 # dependency of hexlora. Ends with `N passed, M failed`.
 #
-# Env: HEXLORA_PEER_VENV (default target/peer-venv), PYTHON (python3),
+# Env: HEXLORA_PEER_VENV (default ~/.cache/hexlora/peer-venv: outside the
+# clone, so a clean clone reuses it; remade when an import fails), PYTHON (python3),
 # HEXLORA_BIN (default: the dev build; ci/test.sh passes the one its
 # `cargo test` made, since `cargo build` resolves features without the
 # dev-dependencies and would rebuild the crate and part of its tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${HEXLORA_PEER_VENV:-target/peer-venv}"
+VENV="${HEXLORA_PEER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hexlora/peer-venv}"
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$MODEL" ] || bash toolchain/fetch-models.sh
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import xllamacpp, gguf, safetensors" 2>/dev/null; then

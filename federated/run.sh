@@ -15,7 +15,7 @@
 # TLS): docs/FEDERATED.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-venv=${FLOWER_VENV:-$here/../target/flower-venv}
+venv=${FLOWER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hexlora/flower-venv}
 supernodes=1 min_nodes="" rounds=3 local_steps=2 port=19300 train_args="" extra_config=""
 hexlora=$(command -v hexlora || echo "$here/../target/release/hexlora")
 model="" data="" dev_data="" out=""
