@@ -26,8 +26,9 @@ need() {
     command -v "$1" >/dev/null || { echo "ci/build-aarch64.sh: $1 not found ($2; run toolchain/install.sh)" >&2; exit 1; }
 }
 
-if [[ ${1:-} == --static ]]; then
-    target=aarch64-unknown-linux-musl
+# The static musl link: the flags its builds (this one, and the aarch64
+# test suite, which sources this script with --static-env) need.
+static_env() {
     need aarch64-linux-musl-gcc musl-dev:arm64
     need aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu
     # the unwinder under the name std's unwind crate links (-lunwind)
@@ -36,6 +37,14 @@ if [[ ${1:-} == --static ]]; then
     ln -sf "$(aarch64-linux-gnu-gcc -print-file-name=libgcc_eh.a)" "$unwind/libunwind.a"
     # no self-contained crt objects (Debian's rustc has none): musl-dev's
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="-C link-self-contained=no -C target-feature=+crt-static -L $unwind"
+}
+
+if [[ ${1:-} == --static-env ]]; then
+    static_env
+    return 0
+elif [[ ${1:-} == --static ]]; then
+    target=aarch64-unknown-linux-musl
+    static_env
 elif [[ -z ${1:-} ]]; then
     target=aarch64-unknown-linux-gnu
     need aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu
