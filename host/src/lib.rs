@@ -18,6 +18,10 @@
 //!
 //! The `hexlora` subcommands are the binary's (`src/cli/`, declared in
 //! `main.rs`): a change to the command line rebuilds only the binary.
+// The unit tests as a static musl binary need it (see the file).
+#[cfg(all(test, target_env = "musl", target_os = "linux"))]
+mod dl_find_object;
+
 pub mod autograd;
 pub mod bench_support;
 pub mod error;

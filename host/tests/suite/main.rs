@@ -9,6 +9,11 @@
 
 mod support;
 
+// A static musl build of this binary needs it (see the file).
+#[cfg(all(target_env = "musl", target_os = "linux"))]
+#[path = "../../src/dl_find_object.rs"]
+mod dl_find_object;
+
 mod adapter_generate;
 mod adapter_gguf_cli;
 mod bad_input;
