@@ -141,7 +141,7 @@ pub fn is_release(subject: &str) -> bool {
         [v] => version(v),
         [a, v] => version(v) && !a.ends_with(':') || version(a) && *v == "release",
         [a, v, r] => version(v) && *r == "release" && !a.ends_with(':') || (*a == "release" || *a == "version") && version(r),
-        _ => words.len() <= 4 && (words[0] == "release" || words[0] == "version") && words.iter().any(|w| version(w)),
+        _ => (2..=4).contains(&words.len()) && (words[0] == "release" || words[0] == "version") && words.iter().any(|w| version(w)),
     }
 }
 
@@ -334,6 +334,7 @@ dependabot[bot] (1):
         for s in ["t0411: add tests", "Add 2.0 support to foo bar baz", "config: 1.5"] {
             assert!(!is_release(s), "{s}");
         }
+        assert!(!is_release("") && !is_release("   "));
         assert_eq!(split_area("Add a helper without an area"), None);
         assert_eq!(split_area("Fix this: and that thing in the very long description here"), Some(("Fix this", "and that thing in the very long description here")));
         assert!(is_bot("dependabot[bot]") && is_bot("GitHub Actions") && is_bot("Transifex") && !is_bot("Talbot Smith"));
