@@ -56,7 +56,7 @@ grep -v '^#' toolchain/bench-sources.sha256 | while read -r sum pkgver path; do
     echo "fetch-bench-data: sha256 mismatch for $file ($pkgver): got $got, want $sum" >&2
     exit 1
   fi
-  if [ ! -f "data/gitlogs/$pkg.txt" ]; then
+  if [ ! -f "data/gitlogs/$pkg.txt" ] || [ "$file" -nt "data/gitlogs/$pkg.txt" ]; then
     gzip -dc "$file" > "data/gitlogs/$pkg.txt.tmp" && mv "data/gitlogs/$pkg.txt.tmp" "data/gitlogs/$pkg.txt"
   fi
 done
