@@ -158,8 +158,10 @@ pub fn split_area(subject: &str) -> Option<(&str, &str)> {
 /// under `builtin/` and `contrib/`, which keep the second (`builtin/am.c` ->
 /// `am.c`, `contrib/completion` -> `completion`); options are dropped
 /// (`rebase -i` -> `rebase`); `doc`, `docs` -> `documentation`; `t`,
-/// `test`, `test-lib` and test scripts `tNNNN...` -> `tests`; `.c`/`.h`/
-/// `.sh`/`.perl` suffixes are dropped (`diff.c` -> `diff`).
+/// `test`, `test-lib` -> `tests`; `.c`/`.h`/`.sh`/`.perl` suffixes are
+/// dropped (`diff.c` -> `diff`). Single test scripts (`t3404`) stay their
+/// own areas, as in the analysis: merged, `tests` held 38% of the
+/// questions and left less of each author's own habit to learn.
 pub fn normalize_area(area: &str) -> String {
     let mut a = area.trim().to_lowercase();
     if a.contains('/') {
@@ -176,11 +178,9 @@ pub fn normalize_area(area: &str) -> String {
             a = stem.to_string();
         }
     }
-    let test_script = a.len() >= 5 && a.starts_with('t') && a.as_bytes()[1..5].iter().all(u8::is_ascii_digit);
     match a.as_str() {
         "doc" | "docs" | "documentation" => "documentation".into(),
         "t" | "test" | "tests" | "test-lib" => "tests".into(),
-        _ if test_script => "tests".into(),
         _ => a,
     }
 }
@@ -325,7 +325,7 @@ dependabot[bot] (1):
 
     #[test]
     fn areas_normalize_and_releases_are_recognized() {
-        for (raw, want) in [("Doc", "documentation"), ("docs", "documentation"), ("t3404", "tests"), ("t/t5516-fetch.sh", "tests"), ("test-lib", "tests"), ("builtin/am.c", "am"), ("contrib/completion", "completion"), ("diff.c", "diff"), ("rebase -i", "rebase"), ("Documentation/git-log.txt", "documentation")] {
+        for (raw, want) in [("Doc", "documentation"), ("docs", "documentation"), ("t3404", "t3404"), ("t/t5516-fetch.sh", "tests"), ("test-lib", "tests"), ("builtin/am.c", "am"), ("contrib/completion", "completion"), ("diff.c", "diff"), ("rebase -i", "rebase"), ("Documentation/git-log.txt", "documentation")] {
             assert_eq!(normalize_area(raw), want, "{raw}");
         }
         for s in ["Git 2.39", "GIT 1.5.0-rc1", "Release 0.24.1", "libxcb 1.15", "1.16.0 release", "6.0.0", "Bump version to 2.13.91", "Start the 2.39 cycle", "Sync with 2.38.4", "Update draft release notes to 2.39"] {
