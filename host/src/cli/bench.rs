@@ -1,5 +1,5 @@
 //! `hexlora bench build --out DIR`: the bundled benchmarks from packaged text.
-use hexlora::eval::bench::{self, mail, quotes, sotu};
+use hexlora::eval::bench::{self, commit_subject, git_area, mail, quotes, sotu};
 use std::path::{Path, PathBuf};
 
 /// Build the bundled benchmarks.
@@ -11,7 +11,7 @@ pub struct Args {
 
 #[derive(clap::Subcommand)]
 enum Action {
-    /// Write quotes-tag, mail-subject and sotu-continue in LaMP format under OUT/<name>/.
+    /// Write quotes-tag, mail-subject, sotu-continue, git-area and commit-subject in LaMP format under OUT/<name>/.
     Build(BuildArgs),
 }
 
@@ -35,12 +35,18 @@ struct BuildArgs {
     /// The sotu package's `data/` directory.
     #[arg(long, default_value = sotu::DEFAULT_DIR)]
     sotu_dir: PathBuf,
+    /// The gunzipped shortlog of Debian `git` (toolchain/fetch-bench-data.sh).
+    #[arg(long, default_value = git_area::DEFAULT_PATH)]
+    git_shortlog: PathBuf,
+    /// Directory of the gunzipped git logs, one PACKAGE.txt each.
+    #[arg(long, default_value = commit_subject::DEFAULT_DIR)]
+    gitlog_dir: PathBuf,
 }
 
 /// Builds and writes each requested benchmark, printing its counts.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let Action::Build(a) = args.action;
-    let all = ["quotes-tag", "mail-subject", "sotu-continue"];
+    let all = ["quotes-tag", "mail-subject", "sotu-continue", "git-area", "commit-subject"];
     for name in &a.only {
         anyhow::ensure!(all.contains(&name.as_str()), "unknown benchmark {name:?} (known: {})", all.join(", "));
     }
@@ -48,7 +54,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let built = match *name {
             "quotes-tag" => quotes::build_from_dir(&a.fortunes_dir, a.seed)?,
             "mail-subject" => mail::build_from_dir(&a.spam_dir, a.seed)?,
-            _ => sotu::build_from_dir(&a.sotu_dir, a.seed)?,
+            "sotu-continue" => sotu::build_from_dir(&a.sotu_dir, a.seed)?,
+            "git-area" => git_area::build_from_path(&a.git_shortlog, a.seed)?,
+            _ => commit_subject::build_from_dir(&a.gitlog_dir, a.seed)?,
         };
         let dir = a.out.join(name);
         bench::write(&dir, &built)?;

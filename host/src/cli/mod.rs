@@ -32,7 +32,7 @@ enum Command {
     Info,
     /// Score prediction/reference pairs with ROUGE-1/2/L (rouge-score compatible).
     Rouge(rouge::Args),
-    /// Build the bundled benchmarks (quotes-tag, mail-subject, sotu-continue).
+    /// Build the bundled benchmarks (quotes-tag, mail-subject, sotu-continue, git-area, commit-subject).
     Bench(bench::Args),
     /// Loss, logits and LoRA gradients of one batch (verify a port against PyTorch + PEFT).
     Grad(grad::Args),

@@ -103,6 +103,15 @@ pub struct McNemar {
     pub p_value: f64,
     /// True if the exact binomial test was used (fewer than 25 discordant pairs).
     pub exact: bool,
+    /// One-sided exact p-value of "the method is not better":
+    /// P(X >= method_only) for X ~ Binomial(discordant pairs, 1/2), at any
+    /// number of pairs. NaN in results written before it existed.
+    #[serde(default = "not_computed")]
+    pub p_one_sided: f64,
+}
+
+fn not_computed() -> f64 {
+    f64::NAN
 }
 
 /// McNemar's test: the exact two-sided binomial test on the discordant pairs
@@ -125,7 +134,9 @@ pub fn mcnemar(method_correct: &[bool], baseline_correct: &[bool]) -> McNemar {
         // Survival function of chi-square with 1 dof: P(X > s) = erfc(sqrt(s / 2)).
         libm::erfc((stat / 2.0).sqrt())
     };
-    McNemar { method_only: b, baseline_only: c, p_value, exact }
+    // P(X >= b) = P(n - X <= c), and n - X ~ Binomial(n, 1/2) too.
+    let p_one_sided = if n == 0 { 1.0 } else { binomial_cdf_half(c, n) };
+    McNemar { method_only: b, baseline_only: c, p_value, exact, p_one_sided }
 }
 
 /// P(X <= k) for X ~ Binomial(n, 1/2), summed in log space so large `n`

@@ -8,7 +8,7 @@
 //! Training uses the real engine: [`crate::train::trainer::train`] on the
 //! [`crate::model::llama::DecoderGraph`], [`crate::optim::mezo::Mezo`]
 //! with losses from [`crate::train::grad::evaluate`].
-use super::bench::{mail, quotes, sotu};
+use super::bench::{commit_subject, git_area, mail, quotes, sotu};
 use super::dataset::{ProfileItem, Query, Split, User};
 use super::method::{Decoding, Method, UserPrep};
 use super::model_runtime::{EvalModel, LabelScore};
@@ -180,6 +180,8 @@ pub fn item_prompt(spec: &TaskSpec, input: &str) -> String {
         "quotes-tag" => (quotes::DEF.prompt)(input, labels),
         "mail-subject" => (mail::DEF.prompt)(input, labels),
         "sotu-continue" => (sotu::DEF.prompt)(input, labels),
+        "git-area" => (git_area::DEF.prompt)(input, labels),
+        "commit-subject" => (commit_subject::DEF.prompt)(input, labels),
         _ => input.to_string(),
     }
 }

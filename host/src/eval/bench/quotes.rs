@@ -6,7 +6,7 @@
 //! (Larry Wall, Linus Torvalds), so the category would just name the user.
 //! Quotes that occur in more than one file are dropped too (ambiguous
 //! label), as are anonymous attributions.
-use super::{build, squash, BenchDef, Built, SourceItem};
+use super::{HoldOut, SPLIT_SHARES, build, squash, BenchDef, Built, SourceItem};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -30,6 +30,8 @@ pub const DEF: BenchDef = BenchDef {
     max_queries: 3,
     max_profile: 50,
     prompt,
+    hold_out: HoldOut::Random,
+    shares: SPLIT_SHARES,
 };
 
 fn prompt(quote: &str, labels: Option<&[String]>) -> String {

@@ -3,7 +3,7 @@
 //! `data/speeches/*.txt`, read directly; no Python at run time). Users are
 //! presidents (`president_id`) with at least 4 addresses; the profile is
 //! their other (opening, continuation) pairs.
-use super::{build, squash, BenchDef, Built, SourceItem};
+use super::{HoldOut, SPLIT_SHARES, build, squash, BenchDef, Built, SourceItem};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,6 +31,8 @@ pub const DEF: BenchDef = BenchDef {
     max_queries: 2,
     max_profile: 20,
     prompt,
+    hold_out: HoldOut::Random,
+    shares: SPLIT_SHARES,
 };
 
 fn prompt(opening: &str, _labels: Option<&[String]>) -> String {
