@@ -74,15 +74,9 @@ impl TaskSpec {
             }
             "LongLaMP_topic_writing" => spec(name, gen, &["summary"], "content"),
             "LongLaMP_abstract_generation" => spec(name, gen, &["title"], "abstract"),
-            "quotes-tag" => {
+            "quotes-tag" | "git-area" => {
                 let labels = labels.ok_or_else(|| {
-                    crate::Error::invalid("quotes-tag", "the label list (labels.json) is required")
-                })?;
-                spec(name, TaskKind::Classification { labels }, &["text"], "category")
-            }
-            "git-area" => {
-                let labels = labels.ok_or_else(|| {
-                    crate::Error::invalid("git-area", "the label list (labels.json) is required")
+                    crate::Error::invalid(name, "the label list (labels.json) is required")
                 })?;
                 spec(name, TaskKind::Classification { labels }, &["text"], "category")
             }

@@ -11,7 +11,7 @@
 //! addresses ([`users_by_identity`]); their latest commits (by author date)
 //! are the questions, the earlier ones the profile.
 use super::git_area::{is_bot, is_merge, is_release, is_revert};
-use super::{build, squash, BenchDef, Built, HoldOut, SourceItem};
+use super::{build, count_drop, squash, BenchDef, Built, HoldOut, SourceItem};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -207,10 +207,6 @@ pub fn users_by_identity(commits: &[(String, String)]) -> Vec<String> {
     roots.iter().map(|r| names[r].clone()).collect()
 }
 
-fn bump(dropped: &mut BTreeMap<String, usize>, why: &str) {
-    *dropped.entry(why.to_string()).or_default() += 1;
-}
-
 /// The items of (package, git log text) pairs; ids sort by author date.
 pub fn items_from_logs(logs: &[(String, String)]) -> (Vec<SourceItem>, BTreeMap<String, usize>) {
     let mut dropped = BTreeMap::new();
@@ -246,7 +242,7 @@ pub fn items_from_logs(logs: &[(String, String)]) -> (Vec<SourceItem>, BTreeMap<
             None
         };
         match why {
-            Some(why) => bump(&mut dropped, why),
+            Some(why) => count_drop(&mut dropped, why),
             None => items.push(SourceItem { id, user, input: c.body, output: c.subject }),
         }
     }

@@ -9,7 +9,7 @@
 //! areas. Users are authors with at least [`DEF`]`.min_items` labelled
 //! commits; their latest commits (release order, file order within a
 //! release) are the questions, the earlier ones the profile.
-use super::{build, BenchDef, Built, HoldOut, SourceItem};
+use super::{build, count_drop, BenchDef, Built, HoldOut, SourceItem};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -190,10 +190,6 @@ pub fn is_translation_area(area: &str) -> bool {
     matches!(area, "l10n" | "po" | "i18n/po" | "translations" | "translation")
 }
 
-fn bump(dropped: &mut BTreeMap<String, usize>, why: &str) {
-    *dropped.entry(why.to_string()).or_default() += 1;
-}
-
 /// Reads the gunzipped changelog and builds the splits.
 pub fn build_from_path(path: &Path, seed: u64) -> Result<Built> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
@@ -221,16 +217,16 @@ pub fn items_from_text(text: &str) -> (Vec<SourceItem>, Vec<String>, BTreeMap<St
             None
         };
         if let Some(why) = why {
-            bump(&mut dropped, why);
+            count_drop(&mut dropped, why);
             continue;
         }
         let Some((area, text)) = split_area(&s.subject) else {
-            bump(&mut dropped, "no area: prefix");
+            count_drop(&mut dropped, "no area: prefix");
             continue;
         };
         let area = normalize_area(area);
         if is_translation_area(&area) {
-            bump(&mut dropped, "translation (l10n, po)");
+            count_drop(&mut dropped, "translation (l10n, po)");
             continue;
         }
         labelled.push(SourceItem { id: format!("ga{i:06}"), user: s.author, input: text.to_string(), output: area });

@@ -227,6 +227,11 @@ pub fn write(dir: &Path, built: &Built) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Counts one item dropped by a cleaning rule (`Manifest::dropped`).
+pub(crate) fn count_drop(dropped: &mut BTreeMap<String, usize>, why: &str) {
+    *dropped.entry(why.to_string()).or_default() += 1;
+}
+
 /// Collapses runs of whitespace to single spaces and trims.
 pub(crate) fn squash(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
