@@ -7,7 +7,9 @@
 //! - [`kernels`]: the frozen-projection op (forward and input-gradient, FP16
 //!   and Q8_0) over [`vtcm`], [`dma`], [`hvx`] and [`tile`];
 //! - [`service`]: the request loop the skel calls.
-#![cfg_attr(not(test), no_std)]
+// `std` (host builds only) lets the software tile engine pick x86 vector
+// code at run time; the firmware itself never needs it.
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![cfg_attr(target_arch = "hexagon", feature(asm_experimental_arch, stdarch_hexagon, hexagon_target_feature))]
 #![deny(missing_docs)]
 
