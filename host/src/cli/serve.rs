@@ -25,6 +25,15 @@ pub struct Args {
     /// max_position_embeddings [default: 2048, or the model's positions if fewer].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     ctx_size: Option<u64>,
+    /// The only directory `POST /v1/adapters/NAME` may load adapters from
+    /// (paths in requests are resolved inside it). Without it, adapters are
+    /// fixed at start-up by --adapter.
+    #[arg(long)]
+    adapter_dir: Option<PathBuf>,
+    /// Require `Authorization: Bearer KEY` on every route but /health (also
+    /// read from HEXLORA_API_KEY, which keeps it out of the process list).
+    #[arg(long, env = "HEXLORA_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// `max_tokens` for requests that give none.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     max_tokens: u64,
@@ -45,6 +54,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         queue: args.queue as usize,
         ctx_size: args.ctx_size.map(|c| c as usize),
         default_max_tokens: args.max_tokens as usize,
+        adapter_dir: args.adapter_dir,
+        api_key: args.api_key,
     })?;
     Ok(())
 }

@@ -26,16 +26,44 @@ pub struct Registry {
     entries: RwLock<BTreeMap<String, Arc<Entry>>>,
 }
 
-/// Adapter names are path- and URL-safe and never the base model's.
+/// Adapter names are plain identifiers (so never a path like `..`), and
+/// never the base model's id.
 pub fn check_name(name: &str, base: &str) -> Result<()> {
-    let ok = !name.is_empty() && name.len() <= 128 && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    let ok = name.len() <= 128
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-".contains(c));
     if !ok {
-        return Err(Error::invalid("adapter name", format!("{name:?} (1-128 of A-Z a-z 0-9 . _ -)")));
+        return Err(Error::invalid("adapter name", format!("{name:?} (1-128 of A-Z a-z 0-9 _ -, starting with a letter or digit)")));
     }
     if name == base {
         return Err(Error::invalid("adapter name", format!("{name:?} is the base model's id")));
     }
     Ok(())
+}
+
+/// Largest `|scale|` an adapter may be installed with: beyond it the
+/// adapter's delta swamps the base weights and answers degrade to noise or
+/// overflow (a scale of 1e30 made every later request fail).
+pub const MAX_SCALE: f32 = 16.0;
+
+/// `scale` is finite and at most [`MAX_SCALE`] in size.
+pub fn check_scale(scale: f32) -> Result<()> {
+    if !(scale.is_finite() && scale.abs() <= MAX_SCALE) {
+        return Err(Error::invalid("scale", format!("{scale} (finite, -{MAX_SCALE} to {MAX_SCALE})")));
+    }
+    Ok(())
+}
+
+/// `path` resolved against `dir` (canonical) if it names something inside
+/// it. Every refusal is the same error, so a caller learns nothing about
+/// files outside `dir` (or whether a name inside it exists).
+pub fn inside(dir: &Path, path: &Path) -> Result<PathBuf> {
+    let refused = || Error::invalid("path", format!("{} is not an adapter inside --adapter-dir", path.display()));
+    let resolved = dir.join(path).canonicalize().map_err(|_| refused())?;
+    if resolved == dir || !resolved.starts_with(dir) {
+        return Err(refused());
+    }
+    Ok(resolved)
 }
 
 /// Reads and prepares the adapter at `path` for `assistant`.

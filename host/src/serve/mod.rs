@@ -7,11 +7,14 @@
 //! - [`openai`]: request and response bodies;
 //! - [`routes`]: the handlers (`/v1/chat/completions`, `/v1/completions`,
 //!   `/v1/models`, `/v1/adapters/{name}`, `/health`);
-//! - [`worker`]: the generation thread and its bounded queue (429 beyond it).
+//! - [`worker`]: the generation thread and its bounded queue (429 beyond it);
+//! - [`guard`]: the checks every request passes first (host, origin,
+//!   content type, API key).
 //!
 //! SIGTERM or SIGINT stops accepting connections, lets the requests in
 //! progress and in the queue finish, then exits.
 pub mod adapters;
+pub mod guard;
 pub mod openai;
 pub mod routes;
 pub mod worker;
@@ -42,6 +45,11 @@ pub struct Config {
     pub ctx_size: Option<usize>,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: usize,
+    /// The only directory `POST /v1/adapters/NAME` loads from (`None`:
+    /// run-time registration is off).
+    pub adapter_dir: Option<PathBuf>,
+    /// Bearer key every route but `/health` needs.
+    pub api_key: Option<String>,
 }
 
 /// Prompt plus answer tokens per request unless `--ctx-size` says.
@@ -68,6 +76,20 @@ pub fn run(config: Config) -> Result<()> {
             return Err(Error::invalid("--adapter", format!("name {name:?} given twice")));
         }
     }
+    let adapter_dir = match &config.adapter_dir {
+        Some(d) => match d.canonicalize() {
+            Ok(c) if c.is_dir() => Some(c),
+            _ => return Err(Error::invalid("--adapter-dir", format!("{} is not a directory", d.display()))),
+        },
+        None => None,
+    };
+    if config.api_key.as_ref().is_some_and(|k| k.is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control())) {
+        return Err(Error::invalid("--api-key", "empty or with spaces or control characters"));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io("tokio runtime", e))?;
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(&addr)).map_err(|e| Error::io(&addr, e))?;
+    let local = listener.local_addr().map_err(|e| Error::io(&addr, e))?;
     let (queue, worker) = worker::start(assistant.clone(), config.queue);
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(AppState {
@@ -79,12 +101,10 @@ pub fn run(config: Config) -> Result<()> {
         default_max_tokens: config.default_max_tokens,
         started,
         next_id: AtomicU64::new(0),
+        guard: guard::Guard { local, host_arg: config.host.clone(), api_key: config.api_key.clone() },
+        adapter_dir,
     });
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io("tokio runtime", e))?;
-    let addr = format!("{}:{}", config.host, config.port);
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::io(&addr, e))?;
-        let local = listener.local_addr().map_err(|e| Error::io(&addr, e))?;
         println!("hexlora serve: {} with {} adapter(s) on http://{local}", state.base_id, state.registry.list().len());
         let _ = std::io::stdout().flush();
         axum::serve(listener, routes::router(state)).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| Error::io(&addr, e))

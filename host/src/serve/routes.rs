@@ -3,12 +3,14 @@
 //! an [`assistant::Request`](crate::model::assistant::Request) and queued
 //! for the worker; answers come back whole or as server-sent events.
 use super::adapters::{self, Registry};
+use super::guard::{self, Guard};
 use super::openai::{error_body, ChatRequest, CompletionRequest, Endpoint, Prompt, Sampling, Usage};
 use super::worker::{Event, Job, Queue, Refused};
 use crate::lora::slots::PreparedAdapter;
 use crate::model::assistant::{Assistant, Request};
 use crate::model::generate;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -40,6 +42,11 @@ pub struct AppState {
     pub started: u64,
     /// Response ids.
     pub next_id: AtomicU64,
+    /// Host, origin, content-type and API-key checks ([`guard`]).
+    pub guard: Guard,
+    /// Where `POST /v1/adapters/NAME` may load from (`--adapter-dir`,
+    /// canonical); `None`: run-time registration is off.
+    pub adapter_dir: Option<std::path::PathBuf>,
 }
 
 /// The router over `state`.
@@ -51,6 +58,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completion))
         .route("/v1/adapters/{name}", post(add_adapter).delete(remove_adapter))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint", "invalid_request_error") })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::guard))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
 
@@ -64,7 +73,8 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>, kind: &'static str) -> Self {
+    /// An error of `status` whose `type` is `kind`.
+    pub fn new(status: StatusCode, message: impl Into<String>, kind: &'static str) -> Self {
         ApiError { status, message: message.into(), kind, param: None, code: None }
     }
 
@@ -72,9 +82,15 @@ impl ApiError {
         ApiError { param: Some(param), ..Self::new(StatusCode::BAD_REQUEST, message, "invalid_request_error") }
     }
 
-    fn code(mut self, code: &'static str) -> Self {
+    /// With OpenAI's `code` field.
+    pub fn code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
+    }
+
+    /// The HTTP status it answers with.
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 }
 
@@ -101,12 +117,30 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
+/// The body, or the framework's refusal as a JSON error (413 over the
+/// limit, with the limit named).
+fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        let status = e.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("request body over the limit of {BODY_LIMIT} bytes")
+        } else {
+            format!("request body unreadable: {}", e.body_text())
+        };
+        ApiError { param: Some("body"), ..ApiError::new(status, message, "invalid_request_error") }
+    })
+}
+
+/// Largest request body (axum's default, named so errors can say it).
+pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request body: {e}"), "body"))
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn chat(State(s): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
+        let body = body(raw)?;
         let req: ChatRequest = parse(&body)?;
         let messages = req
             .messages
@@ -120,14 +154,18 @@ async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn completion(State(s): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
+        let body = body(raw)?;
         let req: CompletionRequest = parse(&body)?;
         let text = match req.prompt {
             Prompt::One(t) => t,
             Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
             Prompt::Many(v) => return Err(ApiError::bad(format!("{} prompts (one per request)", v.len()), "prompt")),
         };
+        if text.is_empty() {
+            return Err(ApiError::bad("prompt is empty", "prompt"));
+        }
         let prompt = s.assistant.raw_prompt(&text).map_err(|e| ApiError::bad(e.to_string(), "prompt"))?;
         answer(&s, Endpoint::Completion, parse(&body)?, prompt).await
     };
@@ -170,7 +208,12 @@ fn request(s: &AppState, endpoint: Endpoint, f: Sampling, prompt: Vec<u32>) -> R
         None => s.default_max_tokens.min(room),
     };
     let sampling = generate::Sampling { temperature: f.temperature.unwrap_or(1.0), top_p: f.top_p.unwrap_or(1.0), seed: f.seed.unwrap_or(0) };
-    sampling.validate().map_err(|e| ApiError::bad(e.to_string(), "temperature"))?;
+    if !(sampling.temperature >= 0.0 && sampling.temperature.is_finite()) {
+        return Err(ApiError::bad(format!("temperature {} must be finite and >= 0", sampling.temperature), "temperature"));
+    }
+    if !(sampling.top_p > 0.0 && sampling.top_p <= 1.0) {
+        return Err(ApiError::bad(format!("top_p {} must be in (0, 1]", sampling.top_p), "top_p"));
+    }
     let stop = f.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 || stop.iter().any(String::is_empty) {
         return Err(ApiError::bad("stop takes up to 4 non-empty strings", "stop"));
@@ -227,14 +270,20 @@ fn sse(endpoint: Endpoint, id: String, created: u64, model: String, mut rx: mpsc
     Sse::new(ReceiverStream::new(out))
 }
 
-async fn add_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+async fn add_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     #[derive(serde::Deserialize)]
     struct Add {
         path: std::path::PathBuf,
         scale: Option<f32>,
     }
+    let Some(dir) = &s.adapter_dir else {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "run-time adapter registration is off (start the server with --adapter-dir DIR)", "invalid_request_error"));
+    };
     adapters::check_name(&name, &s.base_id).map_err(|e| ApiError::bad(e.to_string(), "name"))?;
-    let add: Add = parse(&body)?;
+    let add: Add = parse(&body(raw)?)?;
+    let scale = add.scale.unwrap_or(1.0);
+    adapters::check_scale(scale).map_err(|e| ApiError::bad(e.to_string(), "scale"))?;
+    let path = adapters::inside(dir, &add.path).map_err(|e| ApiError::bad(e.to_string(), "path"))?;
     let taken = || ApiError::new(StatusCode::CONFLICT, format!("adapter {name:?} exists (DELETE it first)"), "invalid_request_error");
     // Checked before the load it would waste, and again on insertion (a
     // concurrent request may have taken the name meanwhile).
@@ -242,7 +291,7 @@ async fn add_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>, b
         return Err(taken());
     }
     let assistant = s.assistant.clone();
-    let entry = tokio::task::spawn_blocking(move || adapters::load(&assistant, &add.path, add.scale.unwrap_or(1.0)))
+    let entry = tokio::task::spawn_blocking(move || adapters::load(&assistant, &path, scale))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "server_error"))?
         .map_err(|e| ApiError::bad(e.to_string(), "path"))?;

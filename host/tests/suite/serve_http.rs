@@ -3,7 +3,9 @@
 //! adapters and the base equal `hexlora generate`'s text (greedy, and
 //! sampled with the same seed), streamed and not; stop strings; adapters
 //! added and removed at run time; 4xx errors as JSON; 429 beyond the queue;
-//! SIGTERM finishes the answer in progress and exits 0.
+//! SIGTERM finishes the answer in progress and exits 0; run-time adapters
+//! only from `--adapter-dir`; foreign hosts, origins and content types,
+//! missing API keys, absurd scales and oversized bodies refused as JSON.
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
@@ -149,7 +151,8 @@ fn serve_answers_as_generate_does_for_each_adapter_and_the_base() {
 #[test]
 fn serve_adds_and_removes_adapters_refuses_bad_requests_queues_and_drains_on_sigterm() {
     let Some(m) = model() else { return };
-    let s = start(&m, &["--queue", "1", "--ctx-size", "256"]);
+    let dir = adapter("marker").parent().unwrap().parent().unwrap().to_path_buf();
+    let s = start(&m, &["--queue", "1", "--ctx-size", "256", "--adapter-dir", dir.to_str().unwrap()]);
     let chat_url = format!("{}/v1/chat/completions", s.url);
     let adapters = format!("{}/v1/adapters", s.url);
     let prompt = "What is the capital of France?";
@@ -183,10 +186,55 @@ fn serve_adds_and_removes_adapters_refuses_bad_requests_queues_and_drains_on_sig
     assert_eq!(v["error"]["param"].as_str(), Some("prompt"));
     let (st, v) = post(&chat_url, &chat("sotu", prompt, json!({"temperature": -1})).to_string());
     error(st, &v, "temperature");
-    let (st, v) = post(&format!("{adapters}/bad"), &json!({"path": "/nonexistent/adapter"}).to_string());
-    error(st, &v, "/nonexistent/adapter");
-    let (st, v) = post(&format!("{adapters}/no%20spaces"), &json!({"path": adapter("sotu")}).to_string());
-    error(st, &v, "adapter name");
+    let (st, v) = post(&chat_url, &chat("sotu", prompt, json!({"top_p": 0})).to_string());
+    error(st, &v, "top_p");
+    assert_eq!(v["error"]["param"].as_str(), Some("top_p"));
+    let (st, v) = post(&format!("{}/v1/completions", s.url), &json!({"model": "sotu", "prompt": ""}).to_string());
+    error(st, &v, "prompt is empty");
+
+    // Run-time adapters: only from inside --adapter-dir, one error for
+    // every path refused (missing, outside, the directory itself).
+    let refused = |path: &str| {
+        let (st, v) = post(&format!("{adapters}/bad"), &json!({"path": path}).to_string());
+        error(st, &v, "is not an adapter inside --adapter-dir");
+    };
+    refused("/nonexistent/adapter");
+    refused(m.to_str().unwrap());
+    refused("../../../Cargo.toml");
+    refused(".");
+    refused("sotu/adapter/../../../training");
+    let (st, v) = post(&format!("{adapters}/relative"), &json!({"path": "sotu/adapter"}).to_string());
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = post(&format!("{adapters}/huge"), &json!({"path": "sotu/adapter", "scale": 1e30}).to_string());
+    error(st, &v, "scale");
+    for name in ["no%20spaces", "%2E%2E", "a.b", "-x"] {
+        let (st, v) = post(&format!("{adapters}/{name}"), &json!({"path": "sotu/adapter"}).to_string());
+        error(st, &v, "adapter name");
+    }
+
+    // What a web page could send: text/plain (no CORS preflight), a foreign
+    // Origin; and a body over the limit. Each a JSON error.
+    let raw = |ct: &str, origin: Option<&str>, body: String| {
+        let mut r = agent().post(&chat_url).header("content-type", ct);
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        let mut r = r.send(body.as_str()).unwrap();
+        (r.status().as_u16(), serde_json::from_str::<Value>(&r.body_mut().read_to_string().unwrap()).unwrap())
+    };
+    let ok_body = chat("sotu", prompt, json!({"max_tokens": 1})).to_string();
+    let (st, v) = raw("text/plain", None, ok_body.clone());
+    assert_eq!(st, 415);
+    error(st, &v, "application/json");
+    let (st, v) = raw("application/json", Some("https://evil.example"), ok_body.clone());
+    assert_eq!(st, 403);
+    error(st, &v, "cross-origin");
+    // Refused on its Content-Length, before the body is read.
+    let addr = s.url.trim_start_matches("http://");
+    let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", 3 << 20);
+    let (st, body) = raw_http(&s.url, &head);
+    assert_eq!(st, 413, "{body}");
+    error(st, &serde_json::from_str(&body).unwrap(), "over the limit");
 
     // One answering, one waiting: of six at once, at least three are refused.
     let codes: Vec<u16> = std::thread::scope(|sc| {
@@ -212,4 +260,58 @@ fn serve_adds_and_removes_adapters_refuses_bad_requests_queues_and_drains_on_sig
     let status = s.child.wait().unwrap();
     assert!(status.success(), "exit after SIGTERM: {status}");
     s.child = Command::new("true").spawn().unwrap();
+}
+
+/// One request written as raw HTTP/1.1 (to send a `Host` or a length no
+/// client library would): the status and the body of the answer.
+fn raw_http(url: &str, request: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Until the head and a Content-Length's worth of body are in (the
+    // server may keep the connection open).
+    loop {
+        let n = c.read(&mut buf).unwrap_or(0);
+        out.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap()));
+            if n == 0 || len.is_some_and(|l| body.len() >= l) {
+                return (head.split_whitespace().nth(1).unwrap().parse().unwrap(), body.to_string());
+            }
+        }
+        assert!(n > 0, "connection closed before an answer: {text:?}");
+    }
+}
+
+fn raw_get(url: &str, path: &str, headers: &str) -> u16 {
+    raw_http(url, &format!("GET {path} HTTP/1.1\r\n{headers}Connection: close\r\n\r\n")).0
+}
+
+#[test]
+fn serve_without_adapter_dir_keeps_adapters_fixed_and_guards_hosts_and_keys() {
+    let Some(m) = model() else { return };
+    let s = start(&m, &["--api-key", "k3y"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let auth = "Authorization: Bearer k3y\r\n";
+    assert_eq!(raw_get(&s.url, "/health", &format!("Host: {addr}\r\n")), 200);
+    assert_eq!(raw_get(&s.url, "/v1/models", &format!("Host: {addr}\r\n")), 401);
+    assert_eq!(raw_get(&s.url, "/v1/models", &format!("Host: {addr}\r\nAuthorization: Bearer nope\r\n")), 401);
+    assert_eq!(raw_get(&s.url, "/v1/models", &format!("Host: {addr}\r\n{auth}")), 200);
+    // A DNS-rebinding page reaches 127.0.0.1 under its own name.
+    assert_eq!(raw_get(&s.url, "/v1/models", &format!("Host: attacker.example:{}\r\n{auth}", addr.rsplit(':').next().unwrap())), 403);
+    assert_eq!(raw_get(&s.url, "/health", "Host: attacker.example\r\n"), 403);
+
+    let mut r = agent()
+        .post(&format!("{}/v1/adapters/x", s.url))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer k3y")
+        .send(json!({"path": adapter("sotu")}).to_string().as_str())
+        .unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(r.status().as_u16(), 403, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("--adapter-dir"), "{v}");
 }
