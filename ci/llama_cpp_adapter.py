@@ -174,7 +174,7 @@ def gemma_check(binary, model, work):
     reader = gguf.GGUFReader(str(model))
     random_peft_adapter(work / "gemma-random", reader)
     adapter_gguf, zero_gguf = work / "gemma-random.f32.gguf", work / "gemma-zero.gguf"
-    run(binary, "export-gguf", "--model", model, "--adapter", work / "gemma-random", "--out", adapter_gguf)
+    run(binary, "export-gguf", "--model", model, "--adapter", work / "gemma-random", "--out", adapter_gguf, "--force")
     zero_adapter(zero_gguf, reader, arch="gemma3")
     agreement("gemma3", binary, model, llama_server(model, [adapter_gguf]), 1, 0, adapter_gguf, zero_gguf, work)
 
@@ -201,8 +201,8 @@ def main():
     binary, model, work = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     work.mkdir(parents=True, exist_ok=True)
     marker_gguf, sotu_gguf, zero_gguf = work / "marker.q8_0.gguf", work / "sotu.f32.gguf", work / "zero.gguf"
-    run(binary, "export-gguf", "--model", model, "--adapter", FIX / "marker" / "adapter", "--out", marker_gguf, "--outtype", "q8_0")
-    run(binary, "export-gguf", "--model", model, "--adapter", FIX / "sotu" / "adapter", "--out", sotu_gguf)
+    run(binary, "export-gguf", "--model", model, "--adapter", FIX / "marker" / "adapter", "--out", marker_gguf, "--outtype", "q8_0", "--force")
+    run(binary, "export-gguf", "--model", model, "--adapter", FIX / "sotu" / "adapter", "--out", sotu_gguf, "--force")
     zero_adapter(zero_gguf, gguf.GGUFReader(str(model)))
 
     server = llama_server(model, [marker_gguf, sotu_gguf])

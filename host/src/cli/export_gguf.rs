@@ -24,10 +24,14 @@ pub struct Args {
     /// rows are not a multiple of 32 wide (`lora_b` at r = 16).
     #[arg(long, value_parser = choices(OUT_TYPES), default_value = "f32")]
     outtype: OutType,
+    /// Replace --out if it exists (never when it is the model or the adapter).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::outputs::check_output(&args.out, &[("--model", &args.model), ("--adapter", &args.adapter)], args.force)?;
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     export(&adapter, &ckpt.config, args.outtype, &args.out).with_context(|| format!("writing {}", args.out.display()))?;

@@ -48,6 +48,9 @@ pub struct Args {
     /// gradient per adapter tensor under the adapter's key.
     #[arg(long)]
     out: PathBuf,
+    /// Replace --out if it exists (never when it is one of the inputs).
+    #[arg(long)]
+    force: bool,
     /// Where the frozen projections run.
     #[arg(long, value_enum, alias = "backend", default_value = "cpu")]
     device: Device,
@@ -70,10 +73,17 @@ struct Routes {
 
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::outputs::check_output(&args.out, &[("--model", &args.model), ("--adapter", &args.adapter), ("--batch", &args.batch)], args.force)?;
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let text = std::fs::read_to_string(&args.batch).with_context(|| args.batch.display().to_string())?;
     let batch: Batch = serde_json::from_str(&text).with_context(|| format!("{}: expected {{\"input_ids\": [[...]], \"labels\": [[...]]}}", args.batch.display()))?;
     Bounds::of(&ckpt.config).check(&batch, &args.batch.display().to_string())?;
+    if batch.target_count() == 0 {
+        // The rule training data follows too (`load_jsonl` skips such
+        // examples): no target, no loss to differentiate.
+        let why = "no labelled target: every label after the first position is -100 (a label at position t is predicted from t - 1, so a one-token row has none)";
+        return Err(hexlora::Error::invalid(args.batch.display().to_string(), why).into());
+    }
     let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     let model = open_model(&args, &ckpt)?;
     adapter.check(&model.projections()).with_context(|| format!("adapter {}", args.adapter.display()))?;

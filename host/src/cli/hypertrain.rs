@@ -281,7 +281,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(hexlora::Error::invalid("--steps", "0 with --simcse-steps 0: nothing to train").into());
     }
     let (users, dev) = users_of(&args)?;
-    claim_out_dir(&args.out, &["hypernet", BEST_DIR, "metrics.jsonl", "loss.svg", "heldout.jsonl", "worker.json"], args.force)?;
+    let outputs = ["hypernet", BEST_DIR, "metrics.jsonl", "loss.svg", "heldout.jsonl", "worker.json"];
+    let mut inputs = vec![("--model", args.model.as_path())];
+    for (flag, p) in [("--bench", &args.bench), ("--data", &args.data), ("--dev-data", &args.dev_data), ("--init-hypernet", &args.init_hypernet), ("--common-lora", &args.common_lora)] {
+        inputs.extend(p.as_deref().map(|p| (flag, p)));
+    }
+    super::outputs::check_run_outputs(&args.out, &outputs, &inputs)?;
+    claim_out_dir(&args.out, &outputs, args.force)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let positions = ckpt.config.max_position_embeddings;
     for (flag, v) in [("--max-len", args.max_len), ("--context-tokens", args.context_tokens)] {

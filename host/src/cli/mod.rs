@@ -11,6 +11,7 @@ mod train;
 mod eval;
 mod export_gguf;
 mod generate;
+mod outputs;
 mod report;
 mod rouge;
 mod serve;

@@ -118,6 +118,8 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::install()?;
     let model = args.training.data.model.clone();
+    let d = &args.training.data;
+    super::outputs::check_run_outputs(&args.out, hexlora::train::learner::ADAPTER_RUN_OUTPUTS, &[("--model", &d.model), ("--data", &d.data)])?;
     let prepared = job(args)?.prepare()?;
     print!("{}", prepared.describe());
     let report = prepared.run(&stop).map_err(|e| super::train::explain_non_finite(e.into(), &model))?;

@@ -51,6 +51,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = ModelText::of(&ckpt)?;
     let net = HyperNet::load(&args.hypernet, &model)?;
     let pairs = load_pairs(&args.context)?;
+    let mut inputs = vec![("--hypernet", args.hypernet.as_path()), ("--context", args.context.as_path())];
+    inputs.push(("--model", model_path.as_path()));
+    super::outputs::check_run_outputs(&args.out, &[CONFIG_FILE, WEIGHTS_FILE], &inputs)?;
     claim_out_dir(&args.out, &[CONFIG_FILE, WEIGHTS_FILE], args.force)?;
     let loaded = start.elapsed().as_secs_f64();
     let synth_start = Instant::now();

@@ -128,6 +128,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         hexlora::autograd::profile::enable();
     }
     let o = open(&args)?;
+    let d = &args.training.data;
+    let mut inputs = vec![("--model", d.model.as_path()), ("--data", d.data.as_path())];
+    inputs.extend(args.init_adapter.as_deref().map(|p| ("--init-adapter", p)));
+    inputs.extend(args.eval_data.as_deref().map(|p| ("--eval-data", p)));
+    super::outputs::check_run_outputs(&args.out, ADAPTER_RUN_OUTPUTS, &inputs)?;
     claim_out_dir(&args.out, ADAPTER_RUN_OUTPUTS, args.force)?;
     let before = match &o.eval {
         Some(e) => {
