@@ -110,7 +110,9 @@ unsafe fn gemm(
     // Decoding's scores: a few queries against keys read sideways in the
     // cache (each column of b is one key's contiguous row): dot products,
     // not a packed product that would copy the whole cache per call.
-    if m > 0 && k > 0 && n > 0 && m <= DOT_MAX_QUERIES && a.2 == 1 && b.1 == 1 && c.1 == n && c.2 == 1 {
+    // `b.2 >= k`: keys must not overlap; a one-key transposed operand
+    // (training on a one-token sequence) has both strides 1 and goes below.
+    if m > 0 && k > 0 && n > 0 && m <= DOT_MAX_QUERIES && a.2 == 1 && b.1 == 1 && b.2 >= k && c.1 == n && c.2 == 1 {
         // SAFETY: as below; b's n rows of k values are b.2 apart.
         unsafe {
             let lhs = std::slice::from_raw_parts(a.0, (m - 1) * a.1 + k);
