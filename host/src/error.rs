@@ -53,6 +53,11 @@ pub enum Error {
     /// The NPU service answered with an error or could not be reached.
     #[error("npu: {0}")]
     Npu(String),
+    /// A stop signal arrived before there was anything to commit (during
+    /// start-up planning): the caller exits cleanly, and a rerun starts over
+    /// with the routes probed so far in the plan cache.
+    #[error("stopped by {0} during start-up, before the first step")]
+    Stopped(&'static str),
     /// The NPU service cannot run this (shape, precision, VTCM size): the
     /// caller keeps the CPU path for it.
     #[error("npu does not support {0}")]

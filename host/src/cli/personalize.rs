@@ -120,7 +120,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = args.training.data.model.clone();
     let d = &args.training.data;
     super::outputs::check_run_outputs(&args.out, hexlora::train::learner::ADAPTER_RUN_OUTPUTS, &[("--model", &d.model), ("--data", &d.data)])?;
-    let prepared = job(args)?.prepare()?;
+    let prepared = match job(args)?.prepare() {
+        Err(hexlora::Error::Stopped(signal)) => {
+            // Nothing trained, nothing to commit: a clean exit, as after a
+            // stop between steps.
+            println!("{signal}: stopped during start-up planning, before the first step; the routes probed so far are in the plan cache, rerun to continue");
+            return Ok(());
+        }
+        other => other?,
+    };
     print!("{}", prepared.describe());
     let report = prepared.run(&stop).map_err(|e| super::train::explain_non_finite(e.into(), &model))?;
     print!("{}", report.console());

@@ -5,7 +5,16 @@
 use crate::{Error, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// The handlers installed in this process (signals are process-wide, so
+/// deep code such as the planner asks here instead of threading a handle).
+static INSTALLED: OnceLock<StopRequest> = OnceLock::new();
+
+/// Which signal asked this process to stop, if handlers are installed.
+pub fn requested() -> Option<&'static str> {
+    INSTALLED.get().and_then(StopRequest::requested)
+}
 
 /// Set by SIGINT or SIGTERM.
 #[derive(Clone)]
@@ -15,8 +24,11 @@ pub struct StopRequest {
 }
 
 impl StopRequest {
-    /// Installs the handlers for this process.
+    /// Installs the handlers for this process (once; later calls share them).
     pub fn install() -> Result<Self> {
+        if let Some(s) = INSTALLED.get() {
+            return Ok(s.clone());
+        }
         let (int, term) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         let err = |e: std::io::Error| Error::invalid("signal handlers", e.to_string());
         // Order matters: the conditional exit sees the flag before this
@@ -24,7 +36,9 @@ impl StopRequest {
         signal_hook::flag::register_conditional_shutdown(SIGINT, 130, int.clone()).map_err(err)?;
         signal_hook::flag::register(SIGINT, int.clone()).map_err(err)?;
         signal_hook::flag::register(SIGTERM, term.clone()).map_err(err)?;
-        Ok(StopRequest { int, term })
+        let s = StopRequest { int, term };
+        let _ = INSTALLED.set(s.clone());
+        Ok(s)
     }
 
     /// Which signal asked to stop, if any.

@@ -24,7 +24,7 @@ use crate::model::source::RawTensor;
 use crate::npu::{NpuClient, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
 use crate::train::graph::TrainableModel;
-use crate::Result;
+use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -65,6 +65,12 @@ pub struct SplitModel {
 /// One routed projection: the CPU side always (the fallback and the probe
 /// reference), the DSP side when the client takes the weight.
 fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets: &Arc<Buckets>, state: &Arc<SplitState>, table: &Mutex<RouteTable>, cache: &PlanCache) -> Result<Arc<dyn Projection>> {
+    // A stop signal is honoured between projections (each is one load and
+    // up to 2 x buckets probes): the planner of an uncached run on a slow
+    // core takes minutes, and a phone kills a job that ignores SIGTERM.
+    if let Some(signal) = super::signals::requested() {
+        return Err(Error::Stopped(signal));
+    }
     // With a DSP the CPU side only computes the planner's references and the
     // rare fallback: the weight stays in the checkpoint's type there.
     let cpu: Arc<dyn Projection> = match side {
@@ -105,9 +111,11 @@ pub fn load_split(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfu
     let state = Arc::new(SplitState::default());
     let table = Mutex::new(RouteTable::default());
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table, cache);
-    let graph = crate::train::trainable_with(ckpt, &factory, FrozenDtype::F32, unfused)?;
-    let routes = table.into_inner().expect("not poisoned");
+    let graph = crate::train::trainable_with(ckpt, &factory, FrozenDtype::F32, unfused);
+    // Saved even when stopped: a rerun reuses the routes probed so far.
     cache.save();
+    let graph = graph?;
+    let routes = table.into_inner().expect("not poisoned");
     Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })
 }
 

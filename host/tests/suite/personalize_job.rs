@@ -309,3 +309,32 @@ fn qwen35_keeps_recurrent_projections_in_fp16_on_the_service() {
     let fp16_mb: f64 = policy_line.rsplit(')').next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert!(fp16_mb > 0.0, "{policy_line}");
 }
+
+/// SIGTERM during the start-up planner (SmolLM2, no plan cache, the
+/// default buckets: about a minute of probes natively in a release build)
+/// ends the process within seconds, exit 0, saying so, with no commit.
+#[test]
+fn sigterm_during_the_planner_exits_promptly_without_a_commit() {
+    let Some(model) = support::smollm2() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    write_data(&data);
+    std::fs::write(dir.path().join("battery_temp"), "300").unwrap();
+    let out = dir.path().join("run");
+    let mut c = support::hexlora();
+    c.args(["personalize", "--quiet", "--rank", "4", "--targets", "q_proj,v_proj", "--device", "dsp", "--steps", "2", "--no-plan-cache"]);
+    c.arg("--model").arg(&model).arg("--data").arg(&data).arg("--out").arg(&out);
+    c.arg("--powercap-root").arg(dir.path().join("powercap")).arg("--power-supply-root").arg(dir.path().join("power_supply"));
+    c.arg("--battery-temp").arg(dir.path().join("battery_temp"));
+    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let sent = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let done = child.wait_with_output().unwrap();
+    let waited = sent.elapsed();
+    let log = String::from_utf8_lossy(&done.stdout);
+    assert!(done.status.success(), "{log}{}", String::from_utf8_lossy(&done.stderr));
+    assert!(log.contains("SIGTERM: stopped during start-up planning"), "the planner finished before SIGTERM, or ignored it: {log}");
+    assert!(waited < Duration::from_secs(10), "exit {waited:?} after SIGTERM");
+    assert!(!out.join("commit.safetensors").exists());
+}
