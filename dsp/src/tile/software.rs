@@ -48,24 +48,32 @@ fn widen_weight(weight: &Tile) -> [f32; TILE_ELEMS] {
 /// row-major. Each output column is its own chain, so vectorizing over `j`
 /// (what the x86 builds below do) changes no add; Rust never fuses the
 /// multiply into the add, with or without FMA in the target features.
+/// `G` rows are interleaved: their chains are independent, and one row's
+/// 16 dependent adds alone leave the adder waiting on its latency.
 #[inline(always)]
-fn mac_rows(acc: &mut AccTile, act: &[f32; TILE_ELEMS], w: &[f32; TILE_ELEMS]) {
-    for m in 0..TILE_DIM {
-        let row = &mut acc[m * TILE_DIM..(m + 1) * TILE_DIM];
-        let mut even = [0f32; TILE_DIM];
-        even.copy_from_slice(row);
-        let mut odd = [0f32; TILE_DIM];
+fn mac_rows<const G: usize>(acc: &mut AccTile, act: &[f32; TILE_ELEMS], w: &[f32; TILE_ELEMS]) {
+    for m0 in (0..TILE_DIM).step_by(G) {
+        let mut even = [[0f32; TILE_DIM]; G];
+        let mut odd = [[0f32; TILE_DIM]; G];
+        for g in 0..G {
+            even[g].copy_from_slice(&acc[(m0 + g) * TILE_DIM..][..TILE_DIM]);
+        }
         for r in 0..TILE_DIM / 2 {
             let (i0, i1) = (2 * r, 2 * r + 1);
-            let (a0, a1) = (act[m * TILE_DIM + i0], act[m * TILE_DIM + i1]);
             let (w0, w1) = (&w[i0 * TILE_DIM..][..TILE_DIM], &w[i1 * TILE_DIM..][..TILE_DIM]);
-            for j in 0..TILE_DIM {
-                even[j] += a0 * w0[j];
-                odd[j] += a1 * w1[j];
+            for g in 0..G {
+                let (a0, a1) = (act[(m0 + g) * TILE_DIM + i0], act[(m0 + g) * TILE_DIM + i1]);
+                for j in 0..TILE_DIM {
+                    even[g][j] += a0 * w0[j];
+                    odd[g][j] += a1 * w1[j];
+                }
             }
         }
-        for j in 0..TILE_DIM {
-            row[j] = even[j] + odd[j];
+        for g in 0..G {
+            let row = &mut acc[(m0 + g) * TILE_DIM..][..TILE_DIM];
+            for j in 0..TILE_DIM {
+                row[j] = even[g][j] + odd[g][j];
+            }
         }
     }
 }
@@ -76,7 +84,7 @@ pub fn mac_portable(acc: &mut AccTile, act: &Tile, weight: &Tile) {
     for (a, x) in a.iter_mut().zip(act.iter()) {
         *a = x.to_f32();
     }
-    mac_rows(acc, &a, &widen_weight(weight));
+    mac_rows::<1>(acc, &a, &widen_weight(weight));
 }
 
 /// x86-64 hosts: the same adds over AVX-512 or AVX2 vectors, chosen at run
@@ -120,8 +128,10 @@ mod x86 {
         }
     }
 
+    /// `G` rows at a time: 4 fill AVX-512's 32 registers with 16
+    /// accumulators, 2 AVX2's 16.
     #[inline(always)]
-    unsafe fn mac_widened(acc: &mut AccTile, act: &Tile, weight: &Tile) {
+    unsafe fn mac_widened<const G: usize>(acc: &mut AccTile, act: &Tile, weight: &Tile) {
         let mut a = [0f32; TILE_ELEMS];
         let mut raw = [0f32; TILE_ELEMS];
         widen(act, &mut a);
@@ -132,21 +142,21 @@ mod x86 {
                 w[i * TILE_DIM + j] = raw[weight_index(i, j)];
             }
         }
-        mac_rows(acc, &a, &w);
+        mac_rows::<G>(acc, &a, &w);
     }
 
     /// # Safety
     /// The CPU has AVX2 and F16C ([`level`] >= 2).
     #[target_feature(enable = "avx2,f16c")]
     pub unsafe fn mac_avx2(acc: &mut AccTile, act: &Tile, weight: &Tile) {
-        mac_widened(acc, act, weight)
+        mac_widened::<2>(acc, act, weight)
     }
 
     /// # Safety
     /// The CPU has AVX-512F and F16C ([`level`] == 3).
     #[target_feature(enable = "avx512f,avx2,f16c")]
     pub unsafe fn mac_avx512(acc: &mut AccTile, act: &Tile, weight: &Tile) {
-        mac_widened(acc, act, weight)
+        mac_widened::<4>(acc, act, weight)
     }
 }
 
