@@ -53,10 +53,10 @@ pub enum Error {
     /// The NPU service answered with an error or could not be reached.
     #[error("npu: {0}")]
     Npu(String),
-    /// A stop signal arrived before there was anything to commit (during
-    /// start-up planning): the caller exits cleanly, and a rerun starts over
-    /// with the routes probed so far in the plan cache.
-    #[error("stopped by {0} during start-up, before the first step")]
+    /// A stop signal ended the work where nothing is left half-done (the
+    /// start-up planner between projections, an evaluation between users):
+    /// the command says what a rerun continues from and exits cleanly.
+    #[error("stopped by {0}")]
     Stopped(&'static str),
     /// The NPU service cannot run this (shape, precision, VTCM size): the
     /// caller keeps the CPU path for it.

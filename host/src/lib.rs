@@ -35,6 +35,7 @@ pub mod optim;
 pub mod projection;
 pub mod runtime;
 pub mod serve;
+pub mod signals;
 pub mod tensor;
 pub mod train;
 #[cfg(test)]

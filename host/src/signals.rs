@@ -1,7 +1,10 @@
 //! SIGINT / SIGTERM: the first one asks the run to stop after the current
-//! optimizer step (which then commits, so a restart resumes from it); a
-//! second SIGINT kills the process at once (Ctrl-C twice), which is safe
-//! too because commits are atomic.
+//! optimizer step (which then commits, so a restart resumes from it), the
+//! current projection of the start-up planner, or the current user of an
+//! evaluation; a second SIGINT kills the process at once (Ctrl-C twice),
+//! which is safe too because commits are atomic. Every long command
+//! installs the handlers ([`StopRequest::install`]); deep loops ask
+//! [`requested`].
 use crate::{Error, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::sync::atomic::{AtomicBool, Ordering};

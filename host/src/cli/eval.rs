@@ -244,7 +244,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => Progress::start(&progress_path, fingerprint)?,
     };
-    let results = harness::run_sweep_with(method.as_mut(), train.as_ref(), &split, &args.split, &decodings, Some(&mut progress))?;
+    // Handlers installed, the harness stops between users (signals::requested).
+    hexlora::signals::StopRequest::install()?;
+    let results = match harness::run_sweep_with(method.as_mut(), train.as_ref(), &split, &args.split, &decodings, Some(&mut progress)) {
+        Err(hexlora::Error::Stopped(signal)) => {
+            println!("{signal}: stopped after {} of {} users (kept in {}); rerun the same command with --resume to continue", Progress::resume(&progress_path, harness::fingerprint(method.as_ref(), &split, &args.split, &decodings)).map_or(0, |p| p.len()), split.users.len(), progress_path.display());
+            return Ok(());
+        }
+        other => other?,
+    };
     for mut result in results {
         result.model = args.model.model.as_ref().map(|p| p.display().to_string());
         let t = result.decoding.temperature;

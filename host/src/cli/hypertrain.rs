@@ -316,10 +316,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => Ok(()),
     });
     let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: args.local_steps, commit_every: args.commit_every, hooks: Some(&mut on_step) };
+    let stop = hexlora::signals::StopRequest::install()?;
     let state = match args.init_hypernet {
         Some(_) => hypertrain_from(&model, &text, &users, StartFrom { net: fresh, step: args.start_step }, common.as_ref(), &train, &args.out, run)?,
         None => hypertrain(&model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?,
     };
+    if let Some(signal) = stop.requested() {
+        println!("{signal}: stopped after step {} (committed); rerun the same command with --resume to continue", state.step);
+        return Ok(());
+    }
     if args.local_steps.is_some() {
         write_worker_outputs(&args.out, &state, &users, args.start_step)?;
     }

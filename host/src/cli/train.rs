@@ -127,6 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.profile {
         hexlora::autograd::profile::enable();
     }
+    let stop = hexlora::signals::StopRequest::install()?;
     let o = open(&args)?;
     let d = &args.training.data;
     let mut inputs = vec![("--model", d.model.as_path()), ("--data", d.data.as_path())];
@@ -153,6 +154,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let started = std::time::Instant::now();
     let (history, adapter, tokens_here) = train_with(&args, &o).map_err(|e| explain_non_finite(e, &args.training.data.model))?;
+    if let Some(signal) = stop.requested() {
+        let at = history.last().map_or(0, |r| r.step);
+        println!("{signal}: stopped after step {at} (committed); rerun the same command with --resume to continue");
+        return Ok(());
+    }
     print_figures(&args, &history, tokens_here, started.elapsed().as_secs_f64());
     if let (Some(e), Some(before)) = (&o.eval, before) {
         println!("held-out loss: before {before:.4} after {:.4}", evaluate(&*o.model, &adapter, e)?);
@@ -203,8 +209,11 @@ pub(super) fn explain_non_finite(e: anyhow::Error, model: &std::path::Path) -> a
     if !matches!(e.downcast_ref::<hexlora::Error>(), Some(hexlora::Error::NonFinite(_))) {
         return e;
     }
-    match Checkpoint::open(model).ok().and_then(|c| c.first_non_finite()) {
-        Some((name, i)) => e.context(format!("the model {} holds a NaN or infinity in tensor {name} (element {i})", model.display())),
+    match Checkpoint::open(model).ok().map(|c| c.first_non_finite()) {
+        Some(Some((name, i))) => e.context(format!("the model {} holds a NaN or infinity in tensor {name} (element {i})", model.display())),
+        // The model is finite: the run diverged. The last commit holds the
+        // step before, so a rerun in a new --out from it costs little.
+        Some(None) => e.context("training diverged (the model is finite): the likely cause is a learning rate too high for these data; try a tenth of --lr (and keep --max-grad-norm on)"),
         None => e,
     }
 }

@@ -69,6 +69,7 @@ pub fn run_sweep_with(
             }
             continue;
         }
+        stop_check()?;
         let mut user_seconds = vec![0.0; decodings.len()];
         let t = Instant::now();
         let prep = method.prepare_user(&split.spec, user)?;
@@ -92,6 +93,9 @@ pub fn run_sweep_with(
             let mean = queries.iter().map(|q| q.score).sum::<f64>() / queries.len().max(1) as f64;
             users[d].push(UserResult { user: user.id.clone(), prep: prep.clone(), mean, queries });
         }
+        // A signal during this user may have cut its training short (the
+        // training loop stops at the next step): its results are not kept.
+        stop_check()?;
         if let Some(p) = progress.as_mut() {
             let latest: Vec<UserResult> = users.iter().map(|u| u.last().expect("just pushed").clone()).collect();
             p.record(&user.id, &latest, &user_seconds)?;
@@ -164,4 +168,13 @@ fn summarize(kind: &TaskKind, users: &[UserResult]) -> Summary {
         }
     }
     s
+}
+
+/// [`Error::Stopped`] once SIGTERM or SIGINT asked the evaluation to stop:
+/// checked between users, so the progress file holds whole users only.
+fn stop_check() -> Result<()> {
+    match crate::signals::requested() {
+        Some(signal) => Err(Error::Stopped(signal)),
+        None => Ok(()),
+    }
 }

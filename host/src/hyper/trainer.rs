@@ -69,14 +69,13 @@ pub struct HyperTrainConfig {
 pub type HyperRun<'a> = RunOptions<'a, HyperState>;
 
 fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| bytes.iter().for_each(|&b| h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    eat(format!("{config:?}{:?}", net.config).as_bytes());
-    for u in users {
-        eat(u.user.as_bytes());
-        u.examples.iter().for_each(|p| eat(format!("{}\u{1}{}\u{2}", p.query, p.response).as_bytes()));
-    }
-    format!("{h:016x}")
+    let h = crate::train::fingerprint::hash(|eat| {
+        for u in users {
+            eat(u.user.as_bytes());
+            u.examples.iter().for_each(|p| eat(format!("{}\u{1}{}\u{2}", p.query, p.response).as_bytes()));
+        }
+    });
+    crate::train::fingerprint::make(h, users.len(), &[config, &net.config])
 }
 
 /// Runs (or resumes) hypernetwork training into `out`: `commit.safetensors`

@@ -113,6 +113,10 @@ pub fn load_pairs(path: &Path) -> Result<Vec<Pair>> {
     if pairs.is_empty() {
         return Err(Error::invalid(path.display().to_string(), "holds no example"));
     }
+    // The rule training data follows: an empty answer teaches nothing.
+    if let Some(i) = pairs.iter().position(|p| p.response.trim().is_empty()) {
+        return Err(Error::invalid(path.display().to_string(), format!("example {}: response is empty: nothing to learn from (drop it)", i + 1)));
+    }
     Ok(pairs)
 }
 

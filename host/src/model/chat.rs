@@ -27,7 +27,20 @@ pub struct Message {
     pub content: String,
 }
 
+/// The roles a chat may use: the same rule for training data, `synth`
+/// contexts and `serve` requests.
+pub const ROLES: [&str; 3] = ["system", "user", "assistant"];
+
 impl Message {
+    /// `Err` naming the role when it is not one of [`ROLES`].
+    pub fn check_role(&self) -> std::result::Result<(), String> {
+        if ROLES.contains(&self.role.as_str()) {
+            Ok(())
+        } else {
+            Err(format!("role {:?} (one of {})", self.role, ROLES.join(", ")))
+        }
+    }
+
     /// A message with `role` and `content`.
     pub fn new(role: &str, content: &str) -> Self {
         Message { role: role.into(), content: content.into() }

@@ -14,5 +14,7 @@ pub mod pacing;
 pub mod plan_cache;
 pub mod planner;
 pub mod routed;
-pub mod signals;
+/// Stop signals live at the bottom ([`crate::signals`]): the training loop
+/// asks them too.
+pub use crate::signals;
 pub mod split_model;

@@ -11,7 +11,7 @@ use super::pacing::{Pacer, PacingConfig};
 use super::plan_cache::PlanCache;
 use super::planner::Buckets;
 use super::routed::{SplitCounters, SplitState};
-use super::signals::StopRequest;
+use crate::signals::StopRequest;
 use super::split_model::{load_split, resident_table, DspSide, SplitModel};
 use crate::model::checkpoint::Checkpoint;
 use crate::npu::{NpuClient, NpuOptions, PrecisionPolicy, TransportKind};

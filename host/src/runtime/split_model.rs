@@ -68,7 +68,7 @@ fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets:
     // A stop signal is honoured between projections (each is one load and
     // up to 2 x buckets probes): the planner of an uncached run on a slow
     // core takes minutes, and a phone kills a job that ignores SIGTERM.
-    if let Some(signal) = super::signals::requested() {
+    if let Some(signal) = crate::signals::requested() {
         return Err(Error::Stopped(signal));
     }
     // With a DSP the CPU side only computes the planner's references and the

@@ -95,9 +95,7 @@ pub struct Part {
 impl ChatMessage {
     /// As a chat-template message, or the reason it cannot be one.
     pub fn to_message(&self) -> Result<Message, String> {
-        if !matches!(self.role.as_str(), "system" | "user" | "assistant") {
-            return Err(format!("role {:?} (system, user or assistant)", self.role));
-        }
+        Message::new(&self.role, "").check_role()?;
         let text = match &self.content {
             Content::Text(t) => t.clone(),
             Content::Parts(parts) => parts

@@ -133,7 +133,14 @@ fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
     if std::fs::hard_link(from, &tmp).is_err() {
         std::fs::copy(from, &tmp).and_then(|_| std::fs::File::open(&tmp)?.sync_all()).map_err(|e| Error::io(&tmp, e))?;
     }
-    std::fs::rename(&tmp, to).map_err(|e| Error::io(to, e))
+    std::fs::rename(&tmp, to).map_err(|e| Error::io(to, e))?;
+    // When `to` already is a link to `from`'s file (after a fall-back made
+    // the last commit the previous one's), rename succeeds without doing
+    // anything (POSIX) and `tmp` stays: remove it.
+    if tmp.exists() {
+        std::fs::remove_file(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    Ok(())
 }
 
 /// A commit file read and checked against its checksums. Any failure but
@@ -379,9 +386,15 @@ mod tests {
         assert!(dir.path().join(CORRUPT_COMMIT_FILE).exists());
         let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
         assert_eq!(read(COMMIT_FILE), read(PREVIOUS_COMMIT_FILE), "the previous commit is the last one again");
-        // The next commit keeps the sound one, not the damaged one.
+        // The next commit keeps the sound one, not the damaged one, and
+        // leaves no temporary file (last and previous were one file).
         state_at(4).commit(dir.path()).unwrap();
         assert_eq!(TrainState::load(dir.path()).unwrap().unwrap(), state_at(4));
+        let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        let mut want: Vec<String> = [COMMIT_FILE, CORRUPT_COMMIT_FILE, PREVIOUS_COMMIT_FILE].map(String::from).to_vec();
+        want.sort();
+        assert_eq!(names, want);
         std::fs::remove_file(dir.path().join(COMMIT_FILE)).unwrap();
         assert_eq!(TrainState::load(dir.path()).unwrap().unwrap(), state_at(3), "a kill mid-fall-back leaves the previous commit");
     }

@@ -121,12 +121,21 @@ fn encode_line(line: Line, enc: Option<&dyn Encoder>, what: &str) -> Result<(Vec
             Ok((input_ids, labels))
         }
         Line::Pair { prompt, completion } => {
+            if completion.trim().is_empty() {
+                return Err(Error::invalid(what, "completion is empty: nothing to learn (drop the line)"));
+            }
             let enc = need()?;
             Ok(join(enc.encode(&prompt)?, enc.encode(&format!("{completion}{}", enc.end_of_turn()))?))
         }
         Line::Chat { messages } => {
             let enc = need()?;
+            for (i, m) in messages.iter().enumerate() {
+                m.check_role().map_err(|e| Error::invalid(what, format!("messages[{i}]: {e}")))?;
+            }
             let last = messages.last().filter(|m| m.role == "assistant").ok_or_else(|| Error::invalid(what, "chat example must end with an assistant message"))?;
+            if last.content.trim().is_empty() {
+                return Err(Error::invalid(what, format!("messages[{}]: the assistant's answer is empty: nothing to learn (drop the line)", messages.len() - 1)));
+            }
             let prompt = enc.render_chat(&messages[..messages.len() - 1], true)?;
             Ok(join(enc.encode(&prompt)?, enc.encode(&format!("{}{}", last.content, enc.end_of_turn()))?))
         }
@@ -145,9 +154,10 @@ pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize, bounds
 /// [`load_jsonl`] of text already read; `name` names the file in errors.
 pub fn parse_jsonl(text: &str, name: &str, enc: Option<&dyn Encoder>, max_len: usize, bounds: Bounds) -> Result<(Vec<Batch>, usize)> {
     let mut out = Vec::new();
-    let mut skipped = 0;
+    let (mut skipped, mut unlabelled, mut cut, mut lines) = (0, 0, 0, 0);
     for (i, raw) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let what = format!("{name}:{}", i + 1);
+        lines += 1;
         let line = parse_line(raw, &what)?;
         let (mut ids, mut labels) = encode_line(line, enc, &what)?;
         let vocab = bounds.vocab_size as i64;
@@ -158,6 +168,7 @@ pub fn parse_jsonl(text: &str, name: &str, enc: Option<&dyn Encoder>, max_len: u
         if let Some(k) = labels.iter().position(|&t| t >= vocab) {
             return beyond("labels", k, labels[k]);
         }
+        let had_target = labels.iter().skip(1).any(|&l| l >= 0);
         ids.truncate(max_len);
         labels.truncate(max_len);
         if ids.len() > bounds.positions {
@@ -166,12 +177,24 @@ pub fn parse_jsonl(text: &str, name: &str, enc: Option<&dyn Encoder>, max_len: u
         }
         if labels.iter().skip(1).all(|&l| l < 0) {
             skipped += 1;
+            if had_target {
+                cut += 1;
+            } else {
+                unlabelled += 1;
+            }
             continue;
         }
         out.push(Batch { input_ids: vec![ids], labels: vec![labels] });
     }
     if out.is_empty() {
-        return Err(Error::invalid(name, "no usable training examples"));
+        let mut why = format!("no usable training examples among {lines} lines");
+        if cut > 0 {
+            why += &format!("; {cut} lose every answer token to --max-len {max_len} (the prompt alone is that long: raise --max-len)");
+        }
+        if unlabelled > 0 {
+            why += &format!("; {unlabelled} have no labelled token after the first (labels all -100, or one token)");
+        }
+        return Err(Error::invalid(name, why));
     }
     Ok((out, skipped))
 }

@@ -127,11 +127,13 @@ pub fn open_state<S: Checkpointed>(out: &Path, fp: &str, resume: bool, loaded: O
     match loaded {
         Some(s) if resume => {
             if s.fingerprint() != fp {
-                return Err(Error::invalid("--resume", "the commit was made with a different configuration or data"));
+                let what = super::fingerprint::difference(s.fingerprint(), fp);
+                return Err(Error::invalid("--resume", format!("the commit in {} was made with different inputs: {what}; rerun with the inputs it was made with, or start over in another --out", out.display())));
             }
             Ok(s)
         }
         Some(_) => Err(Error::invalid(out.display().to_string(), format!("holds a run's commit ({}); pass --resume to continue it or choose another --out", super::commit::COMMIT_FILE))),
+        None if resume => Err(Error::invalid("--resume", format!("{} holds no run's commit, so there is nothing to resume; leave out --resume to start a run there", out.display()))),
         None => fresh(),
     }
 }
@@ -177,7 +179,12 @@ impl Learner<'_> {
         std::fs::create_dir_all(self.out).map_err(|e| Error::io(self.out, e))?;
         let bar = run.progress.then(|| progress_bar(self.total, state.step()));
         let mut done_here = 0;
-        while state.step() < self.total && run.stop_after.is_none_or(|n| done_here < n) && run.hooks.as_deref_mut().is_none_or(|h| h.before_step(state.step() + 1)) {
+        // Hooks first: the nightly job's hook records which signal stopped it.
+        while state.step() < self.total
+            && run.stop_after.is_none_or(|n| done_here < n)
+            && run.hooks.as_deref_mut().is_none_or(|h| h.before_step(state.step() + 1))
+            && crate::signals::requested().is_none()
+        {
             let record = step(&mut state)?;
             if let Some(bar) = &bar {
                 bar.set_position(state.step());
@@ -192,6 +199,10 @@ impl Learner<'_> {
                 h.after_step(&state)?;
             }
             done_here += 1;
+        }
+        if state.step() < self.total && state.step() % run.commit_every.max(1) != 0 {
+            // Stopped between commits (a signal, a hook): keep the steps done.
+            state.commit(self.out)?;
         }
         if state.step() >= self.total {
             state.save_final(self.out)?;

@@ -96,7 +96,7 @@ impl MezoState {
 learner::adapter_run_checkpointed!(MezoState, |s| s.step);
 
 fn run_fingerprint(config: &MezoConfig, data: &[Batch]) -> String {
-    format!("{}-mezo-{:08x}-{:08x}", fingerprint(&config.train, data), config.mezo.eps.to_bits(), config.mezo.weight_decay.to_bits())
+    format!("{}; {:?}", fingerprint(&config.train, data), config.mezo)
 }
 
 fn fresh_state(model: &dyn TrainableModel, config: &MezoConfig, fp: String) -> Result<MezoState> {
@@ -158,7 +158,10 @@ fn mezo_step(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfig, st
     let step_seed = counter_rng::derive(counter_rng::derive(config.train.seed, 0x6d657a6f), state.step);
     let scaling = config.train.lora.scaling();
     let modules = &state.adapter.modules;
-    let step = config.mezo.step_measured(&mut params, step_seed, lr, |p| forward_loss(model, modules, scaling, p, &picks, &opts))?;
+    let step = config.mezo.step_measured(&mut params, step_seed, lr, |p| forward_loss(model, modules, scaling, p, &picks, &opts)).map_err(|e| match e {
+        Error::NonFinite(what) => Error::NonFinite(format!("{what} at step {} (learning rate {lr:e}, eps {:e})", state.step + 1, config.mezo.eps)),
+        e => e,
+    })?;
     for (m, pair) in state.adapter.modules.iter_mut().zip(params.chunks_exact_mut(2)) {
         m.a = std::mem::replace(&mut pair[0], Tensor::zeros(&[0]));
         m.b = std::mem::replace(&mut pair[1], Tensor::zeros(&[0]));

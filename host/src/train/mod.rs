@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod mezo_loop;
 pub mod grad;
 pub mod data;
+pub mod fingerprint;
 pub mod trainer;
 pub mod text_encoder;
 

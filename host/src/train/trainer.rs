@@ -38,17 +38,17 @@ pub struct TrainConfig {
     pub head_chunk: usize,
 }
 
-/// FNV-1a over the configuration and data, so `--resume` refuses to
-/// continue a run with different inputs.
+/// The data's hash and the configuration ([`super::fingerprint`]), so
+/// `--resume` refuses to continue a run with different inputs and says
+/// which differ.
 pub fn fingerprint(config: &TrainConfig, data: &[Batch]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| bytes.iter().for_each(|&b| h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    eat(format!("{config:?}").as_bytes());
-    for b in data {
-        b.input_ids.iter().flatten().for_each(|t| eat(&t.to_le_bytes()));
-        b.labels.iter().flatten().for_each(|t| eat(&t.to_le_bytes()));
-    }
-    format!("{h:016x}")
+    let h = super::fingerprint::hash(|eat| {
+        for b in data {
+            b.input_ids.iter().flatten().for_each(|t| eat(&t.to_le_bytes()));
+            b.labels.iter().flatten().for_each(|t| eat(&t.to_le_bytes()));
+        }
+    });
+    super::fingerprint::make(h, data.len(), &[config])
 }
 
 /// Index of the `cursor`-th example in the seeded stream (a fresh
@@ -156,7 +156,8 @@ fn step(model: &dyn TrainableModel, data: &[Batch], config: &TrainConfig, opts: 
     let shapes = state.adapter.modules.iter().flat_map(|m| [&m.a.shape, &m.b.shape]);
     let mut grads: Vec<Tensor> = sums.into_iter().zip(shapes).map(|(g, shape)| g.unwrap_or_else(|| Tensor::zeros(shape))).collect();
     if !loss.is_finite() || !grads.iter().all(|g| crate::tensor::all_finite(&g.data)) {
-        return Err(Error::NonFinite(format!("loss or gradients at step {}", state.step() + 1)));
+        let lr = config.schedule.lr_at(state.step());
+        return Err(Error::NonFinite(format!("loss or gradients at step {} (learning rate {lr:e})", state.step() + 1)));
     }
     let grad_norm = match config.max_grad_norm {
         Some(max) => clip_grad_norm(&mut grads, max),

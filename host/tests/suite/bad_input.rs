@@ -374,3 +374,50 @@ fn a_damaged_commit_is_never_trained_on() {
     flip(&commit, find(&commit, r#"\"adamw_step\":6"#) + 15, b'6' ^ b'9');
     refused(&run(train(&data, &six).args(["--steps", "6", "--resume"])), &["commit.safetensors", "header field hexlora_train_state", "checksum"]);
 }
+
+/// `--resume` where there is no commit is refused (it used to start a fresh
+/// run without a word); a resume with other options names what differs.
+#[test]
+fn resume_needs_a_commit_and_names_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = token_data(dir.path());
+    for out in [dir.path().join("missing"), dir.path().to_path_buf().join("empty")] {
+        if out.ends_with("empty") {
+            std::fs::create_dir_all(&out).unwrap();
+        }
+        refused(&run(train(&data, &out).args(["--steps", "2", "--resume"])), &["--resume", "nothing to resume"]);
+        assert!(!out.join("commit.safetensors").exists());
+    }
+    let out = dir.path().join("run");
+    let first = run(train(&data, &out).args(["--steps", "1", "--lr", "1e-3"]));
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let msg = refused(&run(train(&data, &out).args(["--steps", "1", "--lr", "2e-3", "--resume"])), &["--resume", "different inputs"]);
+    assert!(msg.contains("0.001") && msg.contains("0.002") && msg.contains("lr"), "names the learning rate: {msg}");
+    let other = dir.path().join("other.jsonl");
+    std::fs::write(&other, r#"{"input_ids": [3, 4, 5]}"#).unwrap();
+    refused(&run(train(&other, &out).args(["--steps", "1", "--lr", "1e-3", "--resume"])), &["the data (hash, items)", "(6 items), now", "(1 items)"]);
+}
+
+/// Degenerate training data, by the rule `grad` and `synth` follow too: an
+/// empty answer or an unknown chat role is refused naming line and field;
+/// when no example is left, the error says which rule dropped them.
+#[test]
+fn degenerate_training_data_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = eval_model();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let empty = write("empty.jsonl", "{\"prompt\": \"Say hi\", \"completion\": \"hi\"}\n{\"prompt\": \"Say\", \"completion\": \"  \"}\n");
+    refused(&run(train_on(&model, &empty, &dir.path().join("a")).args(["--steps", "1"])), &["empty.jsonl:2", "completion is empty"]);
+    let chat = write("chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"\"}]}\n");
+    refused(&run(train_on(&model, &chat, &dir.path().join("b")).args(["--steps", "1"])), &["chat.jsonl:1", "messages[1]", "answer is empty"]);
+    let role = write("role.jsonl", "{\"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n");
+    refused(&run(train_on(&model, &role, &dir.path().join("c")).args(["--steps", "1"])), &["role.jsonl:1", "messages[0]", "\"robot\"", "system, user, assistant"]);
+    let long = write("long.jsonl", &format!("{{\"prompt\": \"{}\", \"completion\": \"yes\"}}\n", "word ".repeat(200)));
+    refused(&run(train_on(&model, &long, &dir.path().join("d")).args(["--steps", "1", "--max-len", "16"])), &["no usable training examples among 1 lines", "--max-len 16", "raise --max-len"]);
+    let ignored = write("ignored.jsonl", "{\"input_ids\": [3, 4, 5], \"labels\": [-100, -100, -100]}\n");
+    refused(&run(train(&ignored, &dir.path().join("e")).args(["--steps", "1"])), &["no usable training examples", "1 have no labelled token"]);
+}

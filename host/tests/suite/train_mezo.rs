@@ -90,5 +90,5 @@ fn mezo_resume_after_a_commit_is_bit_identical() {
     let mut other = cfg.clone();
     other.mezo.eps = 2e-3;
     let err = train_mezo(&m, &d, &other, d3.path(), RunOptions { resume: true, ..quiet() }).unwrap_err();
-    assert!(err.to_string().contains("different configuration"), "{err}");
+    assert!(err.to_string().contains("different inputs: Mezo.eps: was 0.001, now 0.002"), "names the field: {err}");
 }
