@@ -12,8 +12,9 @@
 //! [`TileEngine`] is the trait a real HMX implementation would fill. Two
 //! engines implement it:
 //!
-//! - [`software::SoftwareTiles`]: scalar f32 code, used natively and under
-//!   qemu-hexagon (which has no HMX and no HVX float);
+//! - [`software::SoftwareTiles`]: f32 code, used natively and under
+//!   qemu-hexagon (which has no HMX and no HVX float); on x86-64 hosts
+//!   (feature `std`) the same adds run on AVX-512 or AVX2 vectors;
 //! - [`hvx_float::HvxFloatTiles`]: HVX v68+ IEEE float vectors
 //!   (`Vxx.sf += vmpy(Vu.hf, Vv.hf)`), over the real instructions on v68+
 //!   builds ([`DeviceTiles`]) or over [`hvx_model`]'s bit-level models of

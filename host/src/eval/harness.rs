@@ -74,6 +74,8 @@ pub fn run_sweep_with(
         let t = Instant::now();
         let prep = method.prepare_user(&split.spec, user)?;
         let prep_seconds = t.elapsed().as_secs_f64();
+        // Stopped during the user's training: do not spend its questions.
+        stop_check()?;
         for (d, decoding) in decodings.iter().enumerate() {
             let t = Instant::now();
             let mut queries = Vec::with_capacity(user.queries.len());
