@@ -90,7 +90,7 @@ def hexlora_logprobs(binary, model, adapter, ids, work):
     batch = work / "batch.json"
     batch.write_text(json.dumps({"input_ids": [ids], "labels": [ids]}))
     out = work / "grad.safetensors"
-    run(binary, "grad", "--model", model, "--adapter", adapter, "--batch", batch, "--out", out)
+    run(binary, "grad", "--model", model, "--adapter", adapter, "--batch", batch, "--out", out, "--force")
     from safetensors.numpy import load_file
     logits = load_file(str(out))["logits"][0, -1].astype(np.float64)
     return logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
