@@ -3,7 +3,7 @@
 //! inputs (or holds one), `--force` or not: `export-gguf --out` given the
 //! `--model` file replaced the base model with a LoRA file and exited 0.
 use hexlora::{Error, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The same file or directory (one canonical path, or one inode: a hard
 /// link counts), or `input` inside the directory `output`.
@@ -38,13 +38,12 @@ pub fn check_output(output: &Path, inputs: &[(&str, &Path)], force: bool) -> Res
 /// without the existence rule (run directories have their own, with
 /// commits: `train::learner::claim_out_dir`).
 pub fn check_run_outputs(out: &Path, outputs: &[&str], inputs: &[(&str, &Path)]) -> Result<()> {
-    let mut paths: Vec<PathBuf> = outputs.iter().map(|o| out.join(o)).collect();
-    paths.push(out.join("commit.safetensors"));
+    let paths = outputs.iter().map(|o| out.join(o)).chain([out.join("commit.safetensors")]);
     for p in paths {
-        check_output(&p, inputs, true).map_err(|_| {
-            let input = inputs.iter().find(|(_, i)| clobbers(&p, i)).map_or(String::new(), |(o, i)| format!(" the {o} input {}", i.display()));
-            Error::invalid(format!("--out {}", out.display()), format!("would write {} over{input}; choose another --out", p.display()))
-        })?;
+        if let Some((option, input)) = inputs.iter().find(|(_, i)| clobbers(&p, i)) {
+            let msg = format!("would write {} over the {option} input {}; choose another --out", p.display(), input.display());
+            return Err(Error::invalid(format!("--out {}", out.display()), msg));
+        }
     }
     Ok(())
 }

@@ -31,15 +31,16 @@ pub struct Message {
 /// contexts and `serve` requests.
 pub const ROLES: [&str; 3] = ["system", "user", "assistant"];
 
-impl Message {
-    /// `Err` naming the role when it is not one of [`ROLES`].
-    pub fn check_role(&self) -> std::result::Result<(), String> {
-        if ROLES.contains(&self.role.as_str()) {
-            Ok(())
-        } else {
-            Err(format!("role {:?} (one of {})", self.role, ROLES.join(", ")))
-        }
+/// `Err` naming `role` when it is not one of [`ROLES`].
+pub fn check_role(role: &str) -> std::result::Result<(), String> {
+    if ROLES.contains(&role) {
+        Ok(())
+    } else {
+        Err(format!("role {role:?} (one of {})", ROLES.join(", ")))
     }
+}
+
+impl Message {
 
     /// A message with `role` and `content`.
     pub fn new(role: &str, content: &str) -> Self {

@@ -95,7 +95,7 @@ pub struct Part {
 impl ChatMessage {
     /// As a chat-template message, or the reason it cannot be one.
     pub fn to_message(&self) -> Result<Message, String> {
-        Message::new(&self.role, "").check_role()?;
+        crate::model::chat::check_role(&self.role)?;
         let text = match &self.content {
             Content::Text(t) => t.clone(),
             Content::Parts(parts) => parts

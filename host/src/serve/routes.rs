@@ -208,12 +208,14 @@ fn request(s: &AppState, endpoint: Endpoint, f: Sampling, prompt: Vec<u32>) -> R
         None => s.default_max_tokens.min(room),
     };
     let sampling = generate::Sampling { temperature: f.temperature.unwrap_or(1.0), top_p: f.top_p.unwrap_or(1.0), seed: f.seed.unwrap_or(0) };
-    if !(sampling.temperature >= 0.0 && sampling.temperature.is_finite()) {
-        return Err(ApiError::bad(format!("temperature {} must be finite and >= 0", sampling.temperature), "temperature"));
-    }
-    if !(sampling.top_p > 0.0 && sampling.top_p <= 1.0) {
-        return Err(ApiError::bad(format!("top_p {} must be in (0, 1]", sampling.top_p), "top_p"));
-    }
+    // generate's rule, with the field named as the API names it.
+    sampling.validate().map_err(|e| {
+        let param = if matches!(&e, crate::Error::Invalid { what, .. } if what == "top-p") { "top_p" } else { "temperature" };
+        match e {
+            crate::Error::Invalid { msg, .. } => ApiError::bad(format!("{param} {msg}"), param),
+            e => ApiError::bad(e.to_string(), param),
+        }
+    })?;
     let stop = f.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 || stop.iter().any(String::is_empty) {
         return Err(ApiError::bad("stop takes up to 4 non-empty strings", "stop"));

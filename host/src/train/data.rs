@@ -130,7 +130,7 @@ fn encode_line(line: Line, enc: Option<&dyn Encoder>, what: &str) -> Result<(Vec
         Line::Chat { messages } => {
             let enc = need()?;
             for (i, m) in messages.iter().enumerate() {
-                m.check_role().map_err(|e| Error::invalid(what, format!("messages[{i}]: {e}")))?;
+                crate::model::chat::check_role(&m.role).map_err(|e| Error::invalid(what, format!("messages[{i}]: {e}")))?;
             }
             let last = messages.last().filter(|m| m.role == "assistant").ok_or_else(|| Error::invalid(what, "chat example must end with an assistant message"))?;
             if last.content.trim().is_empty() {
@@ -154,7 +154,8 @@ pub fn load_jsonl(path: &Path, enc: Option<&dyn Encoder>, max_len: usize, bounds
 /// [`load_jsonl`] of text already read; `name` names the file in errors.
 pub fn parse_jsonl(text: &str, name: &str, enc: Option<&dyn Encoder>, max_len: usize, bounds: Bounds) -> Result<(Vec<Batch>, usize)> {
     let mut out = Vec::new();
-    let (mut skipped, mut unlabelled, mut cut, mut lines) = (0, 0, 0, 0);
+    // Skipped examples: `unlabelled + cut`.
+    let (mut unlabelled, mut cut, mut lines) = (0, 0, 0);
     for (i, raw) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let what = format!("{name}:{}", i + 1);
         lines += 1;
@@ -176,7 +177,6 @@ pub fn parse_jsonl(text: &str, name: &str, enc: Option<&dyn Encoder>, max_len: u
             return Err(Error::invalid(&what, msg));
         }
         if labels.iter().skip(1).all(|&l| l < 0) {
-            skipped += 1;
             if had_target {
                 cut += 1;
             } else {
@@ -196,7 +196,7 @@ pub fn parse_jsonl(text: &str, name: &str, enc: Option<&dyn Encoder>, max_len: u
         }
         return Err(Error::invalid(name, why));
     }
-    Ok((out, skipped))
+    Ok((out, unlabelled + cut))
 }
 
 #[cfg(test)]

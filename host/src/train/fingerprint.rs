@@ -95,11 +95,11 @@ pub fn difference(committed: &str, now: &str) -> String {
         return "the commit's record of its inputs is in an older format, so it cannot be compared".into();
     }
     let get = |v: &[(String, String)], k: &str| v.iter().find(|(x, _)| x == k).map(|(_, y)| y.clone());
-    let mut keys: Vec<&String> = a.iter().chain(&b).map(|(k, _)| k).collect();
-    keys.dedup();
     let mut seen = std::collections::BTreeSet::new();
-    let diffs: Vec<String> = keys
-        .into_iter()
+    let diffs: Vec<String> = a
+        .iter()
+        .chain(&b)
+        .map(|(k, _)| k)
         .filter(|k| seen.insert(k.as_str()))
         .filter_map(|k| {
             let (x, y) = (get(&a, k), get(&b, k));
