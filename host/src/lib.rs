@@ -13,6 +13,8 @@
 //!   signals, energy);
 //! - [`eval`]: benchmarks, metrics, methods; [`hyper`]: the hypernetwork;
 //! - [`serve`]: the OpenAI-compatible server (stage 3, personalized inference);
+//! - [`personal`]: the personal loop's parts (approved examples, adapter
+//!   versions, the gate, a learning round), driven by `serve --learn`;
 //! - [`bench_support`]: the clock and CPU name of the speed benchmarks in
 //!   `host/examples/`.
 //!
@@ -32,6 +34,7 @@ pub mod model;
 pub mod npu;
 pub mod ops;
 pub mod optim;
+pub mod personal;
 pub mod projection;
 pub mod runtime;
 pub mod serve;

@@ -227,6 +227,21 @@ pub enum Device {
     DspFastrpc,
 }
 
+/// Warns, naming them, about options given (`true`) that the run will
+/// not use: DSP settings with `--device cpu`, a precision for a method that
+/// never reaches the DSP. One rule and one wording for every command.
+pub fn warn_ignored(why: &str, options: &[(&str, bool)]) {
+    let given: Vec<&str> = options.iter().filter(|(_, g)| *g).map(|(n, _)| *n).collect();
+    if !given.is_empty() {
+        eprintln!("warning: {} ignored: {why}", given.join(", "));
+    }
+}
+
+/// The default of `--precision` (`personalize`, `grad`, `serve`, `eval`).
+pub const DEFAULT_PRECISION: &str = "default";
+/// The default of `--buckets` (`personalize`, `serve`).
+pub const DEFAULT_BUCKETS: &str = "32,64,128,256,512";
+
 impl Device {
     /// The transport to the DSP service, `None` for the CPU.
     pub fn transport(self) -> Option<TransportKind> {

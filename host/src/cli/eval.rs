@@ -171,6 +171,9 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
     let known = || format!("{}, {}, {}", baselines::NAMES.join(", "), model_methods::NAMES.join(", "), hyper_eval::NAME);
     anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
     let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
+    if name != "user-lora" {
+        super::args::warn_ignored(&format!("only user-lora runs on the DSP, not {name}"), &[("--precision", m.precision != super::args::DEFAULT_PRECISION)]);
+    }
     let model = Arc::new(EvalModel::open(path)?);
     let positions = model.model.config.max_position_embeddings;
     for (flag, v) in [("--max-len", m.max_len), ("--max-new-tokens", args.max_new_tokens)] {
@@ -248,7 +251,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     hexlora::signals::StopRequest::install()?;
     let results = match harness::run_sweep_with(method.as_mut(), train.as_ref(), &split, &args.split, &decodings, Some(&mut progress)) {
         Err(hexlora::Error::Stopped(signal)) => {
-            println!("{signal}: stopped after {} of {} users (kept in {}); rerun the same command with --resume to continue", Progress::resume(&progress_path, harness::fingerprint(method.as_ref(), &split, &args.split, &decodings)).map_or(0, |p| p.len()), split.users.len(), progress_path.display());
+            // The progress in hand: re-reading the file would compare it
+            // with a fingerprint the run has since changed (the split
+            // runtime's routes are known once a user has trained).
+            println!("{signal}: stopped after {} of {} users (kept in {}); rerun the same command with --resume to continue", progress.len(), split.users.len(), progress_path.display());
             return Ok(());
         }
         other => other?,

@@ -97,7 +97,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn open_model(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<Box<dyn TrainableModel>> {
-    let Some(kind) = args.device.transport() else { return Ok(open_with(ckpt, &cpu_projection)?) };
+    let Some(kind) = args.device.transport() else {
+        super::args::warn_ignored("--device cpu computes every product in f32 on the CPU", &[("--precision", args.precision != super::args::DEFAULT_PRECISION)]);
+        return Ok(open_with(ckpt, &cpu_projection)?);
+    };
     let policy = PrecisionPolicy::parse(&args.precision)?;
     let options = NpuOptions { sim_service: args.sim_service.clone(), ..NpuOptions::default() };
     let client = NpuClient::connect(kind, &options).with_context(|| format!("connecting to the DSP service ({kind})"))?;

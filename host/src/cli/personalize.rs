@@ -75,6 +75,11 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Start from this adapter (PEFT directory or `.gguf`: last night's, a
+    /// common LoRA) instead of a fresh one; its rank, alpha and targets are
+    /// used. `hexlora::personal::gate::judge` compares the result with it.
+    #[arg(long)]
+    init_adapter: Option<PathBuf>,
 }
 
 fn pacing_config(args: &Args) -> PacingConfig {
@@ -105,6 +110,7 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
         overlap: !args.no_overlap,
         fuse: !args.no_fuse,
         progress: !args.quiet,
+        init: args.init_adapter.clone(),
         model: args.training.data.model,
         data: args.training.data.data,
         max_len: args.training.data.max_len,
@@ -117,9 +123,23 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
 /// Runs `hexlora personalize`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::install()?;
+    if args.device == Device::Cpu {
+        super::args::warn_ignored(
+            "--device cpu runs every frozen product on the CPU, in f32",
+            &[
+                ("--precision", args.precision != super::args::DEFAULT_PRECISION),
+                ("--buckets", args.buckets != super::args::DEFAULT_BUCKETS),
+                ("--plan-cache", args.plan_cache.is_some()),
+                ("--no-plan-cache", args.no_plan_cache),
+                ("--no-overlap", args.no_overlap),
+            ],
+        );
+    }
     let model = args.training.data.model.clone();
     let d = &args.training.data;
-    super::outputs::check_run_outputs(&args.out, hexlora::train::learner::ADAPTER_RUN_OUTPUTS, &[("--model", &d.model), ("--data", &d.data)])?;
+    let mut inputs = vec![("--model", d.model.as_path()), ("--data", d.data.as_path())];
+    inputs.extend(args.init_adapter.as_deref().map(|p| ("--init-adapter", p)));
+    super::outputs::check_run_outputs(&args.out, hexlora::train::learner::ADAPTER_RUN_OUTPUTS, &inputs)?;
     let prepared = match job(args)?.prepare() {
         Err(hexlora::Error::Stopped(signal)) => {
             // Nothing trained, nothing to commit: a clean exit, as after a

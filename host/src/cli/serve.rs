@@ -1,5 +1,17 @@
 //! `hexlora serve`: an OpenAI-compatible HTTP server answering with the
 //! base model or a user's LoRA adapter (see [`hexlora::serve`]).
+use super::args::{positive, usize_in, Device};
+use hexlora::lora::LoraConfig;
+use hexlora::npu::PrecisionPolicy;
+use hexlora::optim::adamw::AdamWConfig;
+use hexlora::optim::schedule::{Decay, Schedule};
+use hexlora::personal::round::RoundConfig;
+use hexlora::personal::Limits;
+use hexlora::runtime::plan_cache;
+use hexlora::runtime::planner::Buckets;
+use hexlora::serve::learn::LearnConfig;
+use hexlora::serve::LearnSetup;
+use hexlora::train::trainer::TrainConfig;
 use std::path::PathBuf;
 
 /// Arguments of `hexlora serve`.
@@ -37,6 +49,111 @@ pub struct Args {
     /// `max_tokens` for requests that give none.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     max_tokens: u64,
+    #[command(flatten)]
+    learn: LearnArgs,
+}
+
+/// The personal loop in this process (`--learn DIR`).
+#[derive(clap::Args)]
+#[command(next_help_heading = "Learning (--learn)")]
+struct LearnArgs {
+    /// Users learn in this process: their approved examples (POST
+    /// /v1/feedback), adapter versions and the live one live in DIR/NAME;
+    /// a learner trains a user's adapter when the server is idle and puts
+    /// it live only if its held-out loss is not worse.
+    #[arg(long, value_name = "DIR")]
+    learn: Option<PathBuf>,
+    /// Seconds without requests before the learner starts a round on its own.
+    #[arg(long, default_value_t = 60.0, value_parser = super::args::seconds, requires = "learn")]
+    learn_idle: f64,
+    /// New examples a round needs (the newest fifth is held out for the gate), 2 to 2^20.
+    #[arg(long, default_value_t = 4, value_parser = usize_in(2..=1 << 20), requires = "learn")]
+    learn_min_examples: usize,
+    /// Examples kept per user; beyond it the oldest are dropped (said in the response).
+    #[arg(long, default_value_t = 1000, value_parser = usize_in(1..=1 << 24), requires = "learn")]
+    learn_max_examples: usize,
+    /// Adapter versions kept per user (the live one always), 2 to 10000.
+    #[arg(long, default_value_t = 5, value_parser = usize_in(2..=10000), requires = "learn")]
+    keep: usize,
+    /// Peak learning rate of a round (cosine to 0), finite and > 0.
+    #[arg(long, default_value_t = 1e-3, value_parser = positive, requires = "learn")]
+    learn_lr: f32,
+    /// Passes over a round's examples, 1 to 1000.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1000), requires = "learn")]
+    learn_epochs: u64,
+    /// Examples are cut to this many tokens (feedback whose answer would be cut away is refused).
+    #[arg(long, default_value_t = 512, value_parser = usize_in(2..=1 << 20), requires = "learn")]
+    learn_max_len: usize,
+    /// LoRA rank of a user created fresh, 1 to 4096.
+    #[arg(long, default_value_t = 8, value_parser = usize_in(1..=4096), requires = "learn")]
+    learn_rank: usize,
+    /// LoRA alpha of a user created fresh, finite and > 0.
+    #[arg(long, default_value_t = 16.0, value_parser = positive, requires = "learn")]
+    learn_alpha: f32,
+    /// Where the learner's frozen products run (as for `personalize`).
+    #[arg(long, value_enum, default_value = "dsp", requires = "learn")]
+    device: Device,
+    /// Resident precision on the DSP: `default`, `f16`, `q8_0`, or overrides like `attention=f16`.
+    #[arg(long, default_value = "default", requires = "learn")]
+    precision: String,
+    /// Token buckets the planner validates.
+    #[arg(long, default_value = "32,64,128,256,512", requires = "learn")]
+    buckets: String,
+    /// Where validated routes are remembered between runs (default as for `personalize`).
+    #[arg(long, requires = "learn")]
+    plan_cache: Option<PathBuf>,
+    /// Probe every route and leave the plan cache alone.
+    #[arg(long, requires = "learn")]
+    no_plan_cache: bool,
+}
+
+impl LearnArgs {
+    fn setup(&self, model: &std::path::Path) -> anyhow::Result<Option<LearnSetup>> {
+        let Some(dir) = &self.learn else { return Ok(None) };
+        if self.device == Device::Cpu {
+            super::args::warn_ignored(
+                "--device cpu runs the learner's frozen products on the CPU",
+                &[
+                    ("--precision", self.precision != super::args::DEFAULT_PRECISION),
+                    ("--buckets", self.buckets != super::args::DEFAULT_BUCKETS),
+                    ("--plan-cache", self.plan_cache.is_some()),
+                    ("--no-plan-cache", self.no_plan_cache),
+                ],
+            );
+        }
+        let lora = LoraConfig {
+            r: self.learn_rank,
+            alpha: self.learn_alpha,
+            target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from).to_vec(),
+            dropout: 0.0,
+            use_rslora: false,
+            base_model: model.display().to_string(),
+        };
+        let train = TrainConfig {
+            lora: lora.clone(),
+            adamw: AdamWConfig::default(),
+            schedule: Schedule { lr: self.learn_lr, warmup: 0, total: 1, decay: Decay::Cosine },
+            grad_accum: 1,
+            max_grad_norm: Some(1.0),
+            seed: 0,
+            activation_cap: None,
+            head_chunk: 64,
+        };
+        let config = LearnConfig {
+            dir: dir.clone(),
+            idle: std::time::Duration::from_secs_f64(self.learn_idle),
+            limits: Limits { max_examples: self.learn_max_examples, keep: self.keep },
+            round: RoundConfig { train, epochs: self.learn_epochs, max_len: self.learn_max_len, min_new: self.learn_min_examples },
+            fresh: lora,
+        };
+        Ok(Some(LearnSetup {
+            config,
+            transport: self.device.transport(),
+            policy: PrecisionPolicy::parse(&self.precision)?,
+            buckets: Buckets::parse(&self.buckets)?,
+            plan_cache: if self.no_plan_cache { None } else { self.plan_cache.clone().or_else(plan_cache::default_dir) },
+        }))
+    }
 }
 
 fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
@@ -46,6 +163,7 @@ fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let learn = args.learn.setup(&args.model)?;
     hexlora::serve::run(hexlora::serve::Config {
         model: args.model,
         adapters: args.adapter,
@@ -56,6 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         default_max_tokens: args.max_tokens as usize,
         adapter_dir: args.adapter_dir,
         api_key: args.api_key,
+        learn,
     })?;
     Ok(())
 }

@@ -6,19 +6,17 @@ use crate::lora::slots::AdapterSlots;
 use crate::lora::Adapter;
 use crate::model::chat::{ChatTemplate, Message};
 use crate::model::config::ModelConfig;
-use crate::model::decoder::{cpu_projection, Model};
+use crate::model::decoder::{cpu_projection, Model, SharedProjections};
 use crate::model::generate::{decode, generate, prefill, Sampling};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::source::{RawTensor, TensorSource};
 use crate::model::tokenizer::Tokenizer;
-use crate::projection::{Projection, ProjectionInfo};
+use crate::projection::ProjectionInfo;
 use crate::model::llama::DecoderGraph;
 use crate::train::graph::Batch;
 use crate::{Error, Result};
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 /// How a label's log-likelihood becomes its score when a classification
 /// task picks or samples among its labels.
@@ -58,15 +56,8 @@ impl EvalModel {
 
     fn build(path: &Path, src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, chat: ChatTemplate) -> Result<Self> {
         // Each frozen weight is dequantized once and shared by both models.
-        let shared: RefCell<HashMap<String, Arc<dyn Projection>>> = RefCell::default();
-        let get = |info: ProjectionInfo, raw: &RawTensor<'_>| -> Result<Arc<dyn Projection>> {
-            if let Some(p) = shared.borrow().get(&info.name) {
-                return Ok(p.clone());
-            }
-            let p = cpu_projection(info.clone(), raw)?;
-            shared.borrow_mut().insert(info.name, p.clone());
-            Ok(p)
-        };
+        let shared = SharedProjections::new(&cpu_projection);
+        let get = |info: ProjectionInfo, raw: &RawTensor<'_>| shared.get(info, raw);
         let graph = DecoderGraph::load_with(src, cfg.clone(), &get, crate::model::cpu_projection::FrozenDtype::F32)?;
         let slots = RefCell::new(AdapterSlots::default());
         let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(get(info, raw)?));

@@ -8,7 +8,7 @@ use crate::lora::Adapter;
 use crate::model::chat::{ChatTemplate, Message};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::cpu_projection::inference_projection;
-use crate::model::decoder::Model;
+use crate::model::decoder::{Model, ProjectionFactory};
 use crate::model::generate::{decode_while, prefill, Sampling};
 use crate::model::source::RawTensor;
 use crate::model::tokenizer::Tokenizer;
@@ -82,8 +82,14 @@ impl Assistant {
     /// their blocks, others are held in f32: `inference_projection`) with an empty
     /// slot on every frozen projection.
     pub fn load(ckpt: &Checkpoint) -> Result<Self> {
+        Self::load_with(ckpt, &inference_projection)
+    }
+
+    /// [`Assistant::load`] with every frozen projection made by `make`
+    /// (`serve --learn` shares them with the learner's training graph).
+    pub fn load_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>) -> Result<Self> {
         let slots = RefCell::new(AdapterSlots::default());
-        let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(inference_projection(info, raw)?));
+        let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(make(info, raw)?));
         let model = Model::load(ckpt.config.clone(), ckpt.tensors(), &wrap)?;
         let tokenizer = ckpt.tokenizer()?;
         let template = ckpt.template()?;

@@ -103,6 +103,31 @@ pub struct Model {
 /// split runtime passes its own to route projections to the NPU).
 pub type ProjectionFactory<'a> = dyn Fn(ProjectionInfo, &RawTensor<'_>) -> Result<Arc<dyn Projection>> + 'a;
 
+/// Builds each frozen projection once, by name: two models over one
+/// checkpoint (the answering model and a training graph) then hold one
+/// copy of the base weights.
+pub struct SharedProjections<'a> {
+    make: &'a ProjectionFactory<'a>,
+    built: std::cell::RefCell<std::collections::HashMap<String, Arc<dyn Projection>>>,
+}
+
+impl<'a> SharedProjections<'a> {
+    /// Projections made by `make`, each at its first request.
+    pub fn new(make: &'a ProjectionFactory<'a>) -> Self {
+        SharedProjections { make, built: Default::default() }
+    }
+
+    /// The projection of `info.name`, built on first use.
+    pub fn get(&self, info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Arc<dyn Projection>> {
+        if let Some(p) = self.built.borrow().get(&info.name) {
+            return Ok(p.clone());
+        }
+        let p = (self.make)(info.clone(), raw)?;
+        self.built.borrow_mut().insert(info.name, p.clone());
+        Ok(p)
+    }
+}
+
 /// The default factory: dense f32 on the CPU.
 pub fn cpu_projection(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result<Arc<dyn Projection>> {
     Ok(Arc::new(CpuProjection::from_raw(info, raw)?))

@@ -61,6 +61,9 @@ pub struct NightlyJob {
     pub fuse: bool,
     /// Show a progress bar.
     pub progress: bool,
+    /// Start from this adapter (last night's, a common LoRA) instead of a
+    /// fresh one; its rank, alpha and targets replace `train.lora`'s.
+    pub init: Option<PathBuf>,
 }
 
 /// The job with its model routed and its data loaded, ready to train.
@@ -71,7 +74,10 @@ pub struct Prepared {
     data: Vec<Batch>,
     skipped: usize,
     config: TrainConfig,
+    /// Train from the commit in `out` (a resumed run, or `init`'s start).
     resume: bool,
+    /// `out` held a commit before this run.
+    resumed: bool,
     cache_hits: usize,
 }
 
@@ -97,8 +103,19 @@ impl NightlyJob {
         split.routes.write(&self.out)?;
         let mut config = self.train.clone();
         config.schedule.total = self.steps.unwrap_or(epoch_steps(data.len(), config.grad_accum));
+        let had_commit = crate::train::commit::has_commit(&self.out);
+        if let Some(path) = &self.init {
+            let init = crate::lora::Adapter::open(path, &ckpt.config)?;
+            init.check(&split.graph.projections())?;
+            config.lora = crate::lora::LoraConfig { dropout: config.lora.dropout, base_model: config.lora.base_model.clone(), ..init.config.clone() };
+            // The first run commits the adapter as its step 0; a rerun
+            // resumes that commit (its fingerprint holds the shape).
+            if !had_commit {
+                crate::train::trainer::commit_start(&init, &config, &data, &self.out)?;
+            }
+        }
         let resume = crate::train::commit::has_commit(&self.out);
-        Ok(Prepared { side, split, data, skipped, config, resume, cache_hits: cache.hits(), job: self })
+        Ok(Prepared { side, split, data, skipped, config, resume, resumed: had_commit, cache_hits: cache.hits(), job: self })
     }
 }
 
@@ -117,8 +134,10 @@ impl Prepared {
         if self.skipped > 0 {
             s += &format!("skipped {} examples with no completion tokens left after truncation\n", self.skipped);
         }
-        if self.resume {
+        if self.resumed {
             s += &format!("resuming the run committed in {}\n", self.job.out.display());
+        } else if let Some(init) = &self.job.init {
+            s += &format!("starting from the adapter in {}\n", init.display());
         }
         s + &self.job.pacing.describe() + "\n"
     }

@@ -20,6 +20,7 @@ use super::routed::{RoutedProjection, SplitState};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::config::Arch;
 use crate::model::cpu_projection::{CpuProjection, FrozenDtype, StoredProjection};
+use crate::model::decoder::ProjectionFactory;
 use crate::model::source::RawTensor;
 use crate::npu::{NpuClient, Precision, PrecisionPolicy};
 use crate::projection::{Projection, ProjectionInfo};
@@ -62,21 +63,27 @@ pub struct SplitModel {
     pub plan_seconds: f64,
 }
 
+/// What routing every projection of one model shares.
+struct Routing<'a> {
+    cpu_side: &'a ProjectionFactory<'a>,
+    side: &'a DspSide,
+    buckets: Arc<Buckets>,
+    state: Arc<SplitState>,
+    table: Mutex<RouteTable>,
+    cache: &'a PlanCache,
+}
+
 /// One routed projection: the CPU side always (the fallback and the probe
 /// reference), the DSP side when the client takes the weight.
-fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets: &Arc<Buckets>, state: &Arc<SplitState>, table: &Mutex<RouteTable>, cache: &PlanCache) -> Result<Arc<dyn Projection>> {
+fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, r: &Routing<'_>) -> Result<Arc<dyn Projection>> {
+    let Routing { cpu_side, side, buckets, state, table, cache } = r;
     // A stop signal is honoured between projections (each is one load and
     // up to 2 x buckets probes): the planner of an uncached run on a slow
     // core takes minutes, and a phone kills a job that ignores SIGTERM.
     if let Some(signal) = crate::signals::requested() {
         return Err(Error::Stopped(signal));
     }
-    // With a DSP the CPU side only computes the planner's references and the
-    // rare fallback: the weight stays in the checkpoint's type there.
-    let cpu: Arc<dyn Projection> = match side {
-        DspSide::Cpu => Arc::new(CpuProjection::from_raw(info.clone(), raw)?),
-        DspSide::Npu { .. } => Arc::new(StoredProjection::from_raw(info.clone(), raw)?),
-    };
+    let cpu = cpu_side(info.clone(), raw)?;
     let (dsp, routes) = match side {
         DspSide::Cpu => (None, cpu_only(&info.name, buckets, "cpu transport")),
         DspSide::Npu { client, policy } => {
@@ -104,18 +111,33 @@ fn route_one(info: ProjectionInfo, raw: &RawTensor<'_>, side: &DspSide, buckets:
 /// earlier run come from `cache` after a canary probe; the cache is saved
 /// before returning.
 pub fn load_split(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache) -> Result<SplitModel> {
+    // With a DSP the CPU side only computes the planner's references and the
+    // rare fallback: the weight stays in the checkpoint's type there.
+    let cpu_side = |info: ProjectionInfo, raw: &RawTensor<'_>| -> Result<Arc<dyn Projection>> {
+        Ok(match side {
+            DspSide::Cpu => Arc::new(CpuProjection::from_raw(info, raw)?),
+            DspSide::Npu { .. } => Arc::new(StoredProjection::from_raw(info, raw)?),
+        })
+    };
+    load_split_with(ckpt, side, buckets, unfused, cache, &cpu_side)
+}
+
+/// [`load_split`] with the CPU side of every routed projection made by
+/// `cpu_side`: `serve --learn` passes the projections its answering model
+/// holds, so serving and learning share one copy of the base weights.
+pub fn load_split_with(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache, cpu_side: &ProjectionFactory<'_>) -> Result<SplitModel> {
     let start = Instant::now();
     if unfused && ckpt.config.arch == Arch::Qwen35 {
         eprintln!("note: the Qwen3.5 graph has no unfused mode; --no-fuse is ignored");
     }
-    let state = Arc::new(SplitState::default());
-    let table = Mutex::new(RouteTable::default());
-    let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, side, &buckets, &state, &table, cache);
+    let routing = Routing { cpu_side, side, buckets, state: Arc::new(SplitState::default()), table: Mutex::new(RouteTable::default()), cache };
+    let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, &routing);
     let graph = crate::train::trainable_with(ckpt, &factory, FrozenDtype::F32, unfused);
     // Saved even when stopped: a rerun reuses the routes probed so far.
     cache.save();
     let graph = graph?;
-    let routes = table.into_inner().expect("not poisoned");
+    let state = routing.state;
+    let routes = routing.table.into_inner().expect("not poisoned");
     Ok(SplitModel { graph, routes, state, plan_seconds: start.elapsed().as_secs_f64() })
 }
 

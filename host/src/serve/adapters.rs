@@ -89,6 +89,12 @@ impl Registry {
         true
     }
 
+    /// Puts `entry` under `name`, replacing what was there: requests that
+    /// hold the old one finish on it, later ones get the new one.
+    pub fn replace(&self, name: &str, entry: Entry) {
+        self.entries.write().expect("registry lock").insert(name.to_string(), Arc::new(entry));
+    }
+
     /// Removes `name`; false if there was none.
     pub fn remove(&self, name: &str) -> bool {
         self.entries.write().expect("registry lock").remove(name).is_some()

@@ -9,18 +9,33 @@
 //!   `/v1/models`, `/v1/adapters/{name}`, `/health`);
 //! - [`worker`]: the generation thread and its bounded queue (429 beyond it);
 //! - [`guard`]: the checks every request passes first (host, origin,
-//!   content type, API key).
+//!   content type, API key);
+//! - [`learn`], [`learn_routes`]: `--learn DIR`, the personal loop in this
+//!   process (feedback, a learner thread sharing the base weights, the
+//!   gate, versions, rollback).
 //!
 //! SIGTERM or SIGINT stops accepting connections, lets the requests in
 //! progress and in the queue finish, then exits.
 pub mod adapters;
 pub mod guard;
+pub mod learn;
+pub mod learn_routes;
 pub mod openai;
 pub mod routes;
 pub mod worker;
 
 use crate::model::assistant::Assistant;
 use crate::model::checkpoint::Checkpoint;
+use crate::model::cpu_projection::inference_projection;
+use crate::model::source::RawTensor;
+use crate::npu::{NpuClient, NpuOptions, PrecisionPolicy, TransportKind};
+use crate::model::decoder::SharedProjections;
+use crate::projection::ProjectionInfo;
+use crate::runtime::plan_cache::PlanCache;
+use crate::runtime::planner::Buckets;
+use crate::runtime::split_model::{load_split_with, DspSide};
+use crate::train::data::Bounds;
+use crate::train::text_encoder::ModelText;
 use crate::{Error, Result};
 use routes::AppState;
 use std::io::Write;
@@ -50,6 +65,52 @@ pub struct Config {
     pub adapter_dir: Option<PathBuf>,
     /// Bearer key every route but `/health` needs.
     pub api_key: Option<String>,
+    /// `--learn`: users learn in this process.
+    pub learn: Option<LearnSetup>,
+}
+
+/// `--learn`: where users live, how they learn, where the learner's frozen
+/// products run.
+pub struct LearnSetup {
+    /// Users, idle time, bounds, rounds.
+    pub config: learn::LearnConfig,
+    /// Where frozen products go: `None` keeps them on the CPU.
+    pub transport: Option<TransportKind>,
+    /// Resident precision per projection kind.
+    pub policy: PrecisionPolicy,
+    /// Token buckets the planner validates.
+    pub buckets: Buckets,
+    /// Where validated routes are remembered (`None`: probe every route).
+    pub plan_cache: Option<PathBuf>,
+}
+
+/// The learner's graph and what it holds on to.
+struct Learner {
+    learning: Arc<learn::Learning>,
+    graph: Box<dyn crate::train::graph::TrainableModel>,
+    /// Keeps the DSP service connected while the graph uses it.
+    _side: DspSide,
+}
+
+/// The answering model and, with `--learn`, the learner's training graph
+/// over the same frozen projections (one copy of the base weights: the
+/// graph's CPU side is the answering model's, its DSP side the resident
+/// copy a phone's NPU holds).
+fn load(ckpt: &Checkpoint, setup: Option<LearnSetup>) -> Result<(Assistant, Option<Learner>)> {
+    let Some(setup) = setup else { return Ok((Assistant::load(ckpt)?, None)) };
+    let shared = SharedProjections::new(&inference_projection);
+    let get = |info: ProjectionInfo, raw: &RawTensor<'_>| shared.get(info, raw);
+    let assistant = Assistant::load_with(ckpt, &get)?;
+    let side = match setup.transport {
+        None => DspSide::Cpu,
+        Some(kind) => DspSide::Npu { client: NpuClient::connect(kind, &NpuOptions::default())?, policy: setup.policy },
+    };
+    let cache = setup.plan_cache.as_deref().map_or_else(PlanCache::disabled, PlanCache::open);
+    let split = load_split_with(ckpt, &side, Arc::new(setup.buckets), false, &cache, &get)?;
+    eprintln!("hexlora serve: learner planned: {} ({:.1} s)", split.routes.summary(), split.plan_seconds);
+    let projections = split.graph.projections();
+    let learning = learn::Learning::open(setup.config, ModelText::of(ckpt)?, Bounds::of(&ckpt.config), projections)?;
+    Ok((assistant, Some(Learner { learning: Arc::new(learning), graph: split.graph, _side: side })))
 }
 
 /// Prompt plus answer tokens per request unless `--ctx-size` says.
@@ -66,14 +127,30 @@ pub fn run(config: Config) -> Result<()> {
         Some(c) => c,
         None => DEFAULT_CTX_SIZE.min(positions),
     };
-    let assistant = Arc::new(Assistant::load(&ckpt)?);
+    let (assistant, learner) = load(&ckpt, config.learn)?;
+    let assistant = Arc::new(assistant);
     let base_id = config.model.file_stem().map_or("base".into(), |s| s.to_string_lossy().into_owned());
-    let registry = adapters::Registry::default();
+    let registry = Arc::new(adapters::Registry::default());
     for (name, path) in &config.adapters {
         adapters::check_name(name, &base_id)?;
+        if let Some(l) = &learner {
+            // A learning user answers with its live version.
+            if l.learning.user(name).is_some() {
+                eprintln!("hexlora serve: {name}: answering with its live version in the --learn directory, not {}", path.display());
+            } else {
+                l.learning.create(name, Some(&crate::lora::Adapter::open(path, &assistant.model.config)?))?;
+            }
+            continue;
+        }
         let entry = adapters::load(&assistant, path, 1.0)?;
         if !registry.insert(name, entry) {
             return Err(Error::invalid("--adapter", format!("name {name:?} given twice")));
+        }
+    }
+    if let Some(l) = &learner {
+        for name in l.learning.names() {
+            adapters::check_name(&name, &base_id)?;
+            learn::go_live(&name, &l.learning.user(&name).expect("listed"), &assistant, &registry)?;
         }
     }
     let adapter_dir = match &config.adapter_dir {
@@ -91,6 +168,8 @@ pub fn run(config: Config) -> Result<()> {
     let listener = runtime.block_on(tokio::net::TcpListener::bind(&addr)).map_err(|e| Error::io(&addr, e))?;
     let local = listener.local_addr().map_err(|e| Error::io(&addr, e))?;
     let (queue, worker) = worker::start(assistant.clone(), config.queue);
+    let learning = learner.as_ref().map(|l| l.learning.clone());
+    let learner_thread = learner.map(|l| learn::start(l.learning, l.graph, l._side, assistant.clone(), registry.clone(), queue.activity().clone()));
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(AppState {
         assistant,
@@ -103,6 +182,7 @@ pub fn run(config: Config) -> Result<()> {
         next_id: AtomicU64::new(0),
         guard: guard::Guard { local, host_arg: config.host.clone(), api_key: config.api_key.clone() },
         adapter_dir,
+        learning: learning.clone(),
     });
     runtime.block_on(async move {
         println!("hexlora serve: {} with {} adapter(s) on http://{local}", state.base_id, state.registry.list().len());
@@ -110,7 +190,11 @@ pub fn run(config: Config) -> Result<()> {
         axum::serve(listener, routes::router(state)).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| Error::io(&addr, e))
     })?;
     // Every queue handle went with the router: the worker answers what is
-    // left and ends.
+    // left and ends; the learner commits its step and ends (resumable).
+    if let (Some(l), Some(t)) = (&learning, learner_thread) {
+        l.shut_down();
+        t.join().map_err(|_| Error::invalid("learner", "panicked"))?;
+    }
     worker.join().map_err(|_| Error::invalid("generation worker", "panicked"))?;
     eprintln!("hexlora serve: stopped");
     Ok(())

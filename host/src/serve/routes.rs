@@ -3,6 +3,7 @@
 //! an [`assistant::Request`](crate::model::assistant::Request) and queued
 //! for the worker; answers come back whole or as server-sent events.
 use super::adapters::{self, Registry};
+use super::learn_routes;
 use super::guard::{self, Guard};
 use super::openai::{error_body, ChatRequest, CompletionRequest, Endpoint, Prompt, Sampling, Usage};
 use super::worker::{Event, Job, Queue, Refused};
@@ -29,7 +30,7 @@ pub struct AppState {
     /// The resident model.
     pub assistant: Arc<Assistant>,
     /// Users' adapters.
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
     /// The generation worker.
     pub queue: Queue,
     /// The base model's id in `model` fields.
@@ -47,6 +48,8 @@ pub struct AppState {
     /// Where `POST /v1/adapters/NAME` may load from (`--adapter-dir`,
     /// canonical); `None`: run-time registration is off.
     pub adapter_dir: Option<std::path::PathBuf>,
+    /// `--learn`: users' examples, versions and the learner.
+    pub learning: Option<Arc<super::learn::Learning>>,
 }
 
 /// The router over `state`.
@@ -56,7 +59,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
-        .route("/v1/adapters/{name}", post(add_adapter).delete(remove_adapter))
+        .route("/v1/adapters/{name}", get(show_adapter).post(add_adapter).delete(remove_adapter))
+        .route("/v1/adapters/{name}/learn", post(learn_routes::learn))
+        .route("/v1/adapters/{name}/rollback", post(learn_routes::rollback))
+        .route("/v1/feedback", post(learn_routes::feedback))
+        .route("/v1/learner", get(learn_routes::learner))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint", "invalid_request_error") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard::guard))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
@@ -78,8 +85,15 @@ impl ApiError {
         ApiError { status, message: message.into(), kind, param: None, code: None }
     }
 
-    fn bad(message: impl Into<String>, param: &'static str) -> Self {
+    /// A 400 about request field `param`.
+    pub fn bad(message: impl Into<String>, param: &'static str) -> Self {
         ApiError { param: Some(param), ..Self::new(StatusCode::BAD_REQUEST, message, "invalid_request_error") }
+    }
+
+    /// With OpenAI's `param` field.
+    pub fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
     }
 
     /// With OpenAI's `code` field.
@@ -119,7 +133,7 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
 
 /// The body, or the framework's refusal as a JSON error (413 over the
 /// limit, with the limit named).
-fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let status = e.status();
         let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -134,7 +148,8 @@ fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 /// Largest request body (axum's default, named so errors can say it).
 pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+/// `body` as `T`, or a 400 naming what is wrong.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request body: {e}"), "body"))
 }
 
@@ -274,24 +289,43 @@ fn sse(endpoint: Endpoint, id: String, created: u64, model: String, mut rx: mpsc
 
 async fn add_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Add {
-        path: std::path::PathBuf,
+        path: Option<std::path::PathBuf>,
         scale: Option<f32>,
+        #[serde(default)]
+        fresh: bool,
     }
-    let Some(dir) = &s.adapter_dir else {
-        return Err(ApiError::new(StatusCode::FORBIDDEN, "run-time adapter registration is off (start the server with --adapter-dir DIR)", "invalid_request_error"));
-    };
     adapters::check_name(&name, &s.base_id).map_err(|e| ApiError::bad(e.to_string(), "name"))?;
     let add: Add = parse(&body(raw)?)?;
-    let scale = add.scale.unwrap_or(1.0);
-    adapters::check_scale(scale).map_err(|e| ApiError::bad(e.to_string(), "scale"))?;
-    let path = adapters::inside(dir, &add.path).map_err(|e| ApiError::bad(e.to_string(), "path"))?;
     let taken = || ApiError::new(StatusCode::CONFLICT, format!("adapter {name:?} exists (DELETE it first)"), "invalid_request_error");
     // Checked before the load it would waste, and again on insertion (a
     // concurrent request may have taken the name meanwhile).
     if s.registry.get(&name).is_some() {
         return Err(taken());
     }
+    let path = match (&add.path, add.fresh) {
+        (Some(_), true) => return Err(ApiError::bad("give path or fresh, not both", "fresh")),
+        (None, false) => return Err(ApiError::bad("path is required (or, with --learn, fresh: true)", "path")),
+        (None, true) => None,
+        (Some(p), false) => {
+            let Some(dir) = &s.adapter_dir else {
+                return Err(ApiError::new(StatusCode::FORBIDDEN, "run-time adapter registration is off (start the server with --adapter-dir DIR)", "invalid_request_error"));
+            };
+            Some(adapters::inside(dir, p).map_err(|e| ApiError::bad(e.to_string(), "path"))?)
+        }
+    };
+    if let Some(l) = s.learning.clone() {
+        if add.scale.is_some_and(|x| x != 1.0) {
+            return Err(ApiError::bad("a learning user's adapter answers at scale 1", "scale"));
+        }
+        return add_user(&s, l, name, path).await;
+    }
+    let Some(path) = path else {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "fresh adapters are for learning users (start the server with --learn DIR)", "invalid_request_error"));
+    };
+    let scale = add.scale.unwrap_or(1.0);
+    adapters::check_scale(scale).map_err(|e| ApiError::bad(e.to_string(), "scale"))?;
     let assistant = s.assistant.clone();
     let entry = tokio::task::spawn_blocking(move || adapters::load(&assistant, &path, scale))
         .await
@@ -305,7 +339,45 @@ async fn add_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>, r
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
+/// With `--learn`: starts user `name` from the adapter at `path` (or a
+/// fresh one) and answers with it.
+async fn add_user(s: &Arc<AppState>, l: Arc<super::learn::Learning>, name: String, path: Option<std::path::PathBuf>) -> Result<Response, ApiError> {
+    if l.user(&name).is_some() {
+        return Err(ApiError::new(StatusCode::CONFLICT, format!("user {name:?} exists"), "invalid_request_error"));
+    }
+    let (assistant, registry, n) = (s.assistant.clone(), s.registry.clone(), name.clone());
+    let created = tokio::task::spawn_blocking(move || -> crate::Result<std::path::PathBuf> {
+        let adapter = path.as_deref().map(|p| crate::lora::Adapter::open(p, &assistant.model.config)).transpose()?;
+        let user = l.create(&n, adapter.as_ref())?;
+        super::learn::go_live(&n, &user, &assistant, &registry)?;
+        user.versions.live_adapter()
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "server_error"))?
+    .map_err(|e| ApiError::bad(e.to_string(), "path"))?;
+    let rank = s.registry.get(&name).map_or(0, |e| e.rank);
+    let body = json!({"id": name, "object": "model", "parent": s.base_id, "adapter": {"path": created, "rank": rank}, "live": 1});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `GET /v1/adapters/NAME`: the adapter, and with `--learn` the user's
+/// versions (gate figures, which is live), examples and last round.
+async fn show_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let e = s.registry.get(&name).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("adapter {name:?} not found"), "invalid_request_error"))?;
+    let mut body = json!({"id": name, "object": "model", "parent": s.base_id, "adapter": {"path": e.path, "rank": e.rank}});
+    if let Some(l) = &s.learning {
+        if let Some(user) = learn_routes::user_view(l, &name)? {
+            body["user"] = user;
+        }
+    }
+    Ok(Json(body))
+}
+
 async fn remove_adapter(State(s): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    if s.learning.as_ref().is_some_and(|l| l.user(&name).is_some()) {
+        let msg = format!("{name:?} is a learning user: its adapter stays while the server runs (its files are in the --learn directory)");
+        return Err(ApiError::new(StatusCode::CONFLICT, msg, "invalid_request_error"));
+    }
     if !s.registry.remove(&name) {
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("adapter {name:?} not found"), "invalid_request_error"));
     }

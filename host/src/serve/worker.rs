@@ -5,7 +5,8 @@
 use crate::lora::slots::PreparedAdapter;
 use crate::model::assistant::{Answer, Assistant, Request};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 use std::thread::JoinHandle;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -32,6 +33,7 @@ pub struct Job {
 #[derive(Clone)]
 pub struct Queue {
     jobs: SyncSender<Job>,
+    activity: Arc<Activity>,
 }
 
 /// Why a job was not queued.
@@ -46,10 +48,85 @@ pub enum Refused {
 impl Queue {
     /// Queues `job` or refuses it without waiting.
     pub fn submit(&self, job: Job) -> Result<(), Refused> {
-        self.jobs.try_send(job).map_err(|e| match e {
-            TrySendError::Full(_) => Refused::Busy,
-            TrySendError::Disconnected(_) => Refused::Closed,
+        // Counted before it can be answered, so the count never goes below 0.
+        self.activity.begin();
+        self.jobs.try_send(job).map_err(|e| {
+            self.activity.end();
+            match e {
+                TrySendError::Full(_) => Refused::Busy,
+                TrySendError::Disconnected(_) => Refused::Closed,
+            }
         })
+    }
+
+    /// Requests queued or being answered, and when the last one ended.
+    pub fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
+}
+
+/// Whether the server is answering: a learner sharing the machine pauses
+/// while it is, and starts only after it has been idle for a while.
+pub struct Activity {
+    state: Mutex<ActivityState>,
+    changed: Condvar,
+}
+
+struct ActivityState {
+    pending: usize,
+    /// When `pending` last went from 0 to 1.
+    busy_since: Option<Instant>,
+    /// When `pending` last went to 0 (or the server started).
+    idle_since: Instant,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity { state: Mutex::new(ActivityState { pending: 0, busy_since: None, idle_since: Instant::now() }), changed: Condvar::new() }
+    }
+}
+
+impl Activity {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ActivityState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A request was queued.
+    pub fn begin(&self) {
+        let mut s = self.lock();
+        if s.pending == 0 {
+            s.busy_since = Some(Instant::now());
+        }
+        s.pending += 1;
+    }
+
+    /// A request was answered (or refused after [`Activity::begin`]).
+    pub fn end(&self) {
+        let mut s = self.lock();
+        s.pending = s.pending.saturating_sub(1);
+        if s.pending == 0 {
+            s.busy_since = None;
+            s.idle_since = Instant::now();
+            self.changed.notify_all();
+        }
+    }
+
+    /// How long no request has been waiting or answered (`None`: one is).
+    pub fn idle_for(&self) -> Option<Duration> {
+        let s = self.lock();
+        (s.pending == 0).then(|| s.idle_since.elapsed())
+    }
+
+    /// Blocks while requests are waiting or answered, or until `stop()`.
+    /// Returns how long the first of them had waited for this call (the
+    /// caller's yield time), or `None` if the server was idle.
+    pub fn wait_idle(&self, stop: &dyn Fn() -> bool) -> Option<Duration> {
+        let mut s = self.lock();
+        let waited = s.busy_since.map(|t| t.elapsed());
+        while s.pending > 0 && !stop() {
+            s = self.changed.wait_timeout(s, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        waited
     }
 }
 
@@ -57,23 +134,25 @@ impl Queue {
 /// every [`Queue`] clone is dropped and the queued jobs are answered.
 pub fn start(assistant: Arc<Assistant>, capacity: usize) -> (Queue, JoinHandle<()>) {
     let (jobs, rx) = sync_channel(capacity);
+    let activity = Arc::new(Activity::default());
+    let seen = activity.clone();
     let handle = std::thread::Builder::new()
         .name("hexlora-generate".into())
-        .spawn(move || run(&assistant, rx))
+        .spawn(move || run(&assistant, rx, &seen))
         .expect("spawning the generation thread");
-    (Queue { jobs }, handle)
+    (Queue { jobs, activity }, handle)
 }
 
-fn run(assistant: &Assistant, rx: Receiver<Job>) {
-    // On a rayon worker, so parallel sections do not inject from outside
-    // the pool (see `cli::on_rayon_worker`).
-    rayon::scope(|_| {
-        for job in rx {
-            let events = &job.events;
-            let answer = assistant
-                .complete(&job.request, job.adapter.as_deref(), |piece| events.send(Event::Piece(piece.to_string())).is_ok())
-                .map_err(|e| e.to_string());
-            let _ = events.send(Event::Done(answer));
-        }
-    });
+fn run(assistant: &Assistant, rx: Receiver<Job>, activity: &Activity) {
+    // Not on a rayon worker while waiting for jobs: a pool thread blocked
+    // in `recv` would leave a `--learn` learner one core. Each answer runs
+    // on the pool (`Assistant::complete` enters it).
+    for job in rx {
+        let events = &job.events;
+        let answer = assistant
+            .complete(&job.request, job.adapter.as_deref(), |piece| events.send(Event::Piece(piece.to_string())).is_ok())
+            .map_err(|e| e.to_string());
+        let _ = events.send(Event::Done(answer));
+        activity.end();
+    }
 }

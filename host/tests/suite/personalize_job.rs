@@ -338,3 +338,39 @@ fn sigterm_during_the_planner_exits_promptly_without_a_commit() {
     assert!(waited < Duration::from_secs(10), "exit {waited:?} after SIGTERM");
     assert!(!out.join("commit.safetensors").exists());
 }
+
+#[test]
+fn init_adapter_starts_from_that_adapter_and_cpu_names_the_options_it_ignores() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, sys) = (dir.path().join("d.jsonl"), dir.path().join("sys"));
+    write_data(&data);
+    std::fs::create_dir_all(&sys).unwrap();
+    let first = dir.path().join("first");
+    let log = run_ok(job(&data, &first, "cpu", 3, &sys));
+    // --precision, --buckets and --plan-cache configure the DSP side only.
+    assert!(log.contains("warning: --precision, --buckets, --plan-cache ignored: --device cpu"), "{log}");
+    // One step at a vanishing learning rate from the first run's adapter
+    // ends (almost) where it started: the run began there, not at a fresh init.
+    let next = dir.path().join("next");
+    let resumed = |rank: &str| {
+        let mut c = support::hexlora();
+        c.args(["personalize", "--quiet", "--device", "cpu", "--steps", "1", "--lr", "1e-12", "--rank", rank]);
+        c.arg("--model").arg(model_dir()).arg("--data").arg(&data).arg("--out").arg(&next);
+        c.arg("--powercap-root").arg(sys.join("powercap")).arg("--power-supply-root").arg(sys.join("power_supply"));
+        c.arg("--init-adapter").arg(first.join("adapter"));
+        c
+    };
+    run_ok(resumed("8"));
+    let load = |d: &Path| hexlora::lora::Adapter::load(&d.join("adapter")).unwrap();
+    let (a, b) = (load(&first), load(&next));
+    assert_eq!(b.config.r, 4, "the rank is the init adapter's, not --rank");
+    for (ma, mb) in a.modules.iter().zip(&b.modules) {
+        for (x, y) in ma.b.data.iter().zip(&mb.b.data).chain(ma.a.data.iter().zip(&mb.a.data)) {
+            assert!((x - y).abs() < 1e-6, "{}: {x} vs {y}", ma.name);
+        }
+    }
+    assert!(a.modules[0].b.data.iter().any(|&v| v != 0.0), "the first run moved B");
+    // A rerun resumes the committed run (--rank is the init adapter's either way).
+    let log = run_ok(resumed("16"));
+    assert!(log.contains("resuming"), "{log}");
+}

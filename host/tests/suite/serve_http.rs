@@ -15,9 +15,9 @@ use crate::support;
 use support::{adapter, smollm2 as model};
 
 /// A running server, killed if the test fails before it stops it.
-struct Server {
-    child: Child,
-    url: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) url: String,
 }
 
 impl Drop for Server {
@@ -28,19 +28,14 @@ impl Drop for Server {
 }
 
 fn start(model: &PathBuf, extra: &[&str]) -> Server {
-    let mut child = support::hexlora()
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .arg("--adapter")
-        .arg(format!("sotu={}", adapter("sotu").display()))
-        .arg("--adapter")
-        .arg(format!("marker={}", adapter("marker").display()))
-        .args(["--port", "0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let adapters = [format!("sotu={}", adapter("sotu").display()), format!("marker={}", adapter("marker").display())];
+    let args: Vec<&str> = ["--adapter", &adapters[0], "--adapter", &adapters[1]].into_iter().chain(extra.iter().copied()).collect();
+    spawn(support::hexlora().arg("serve").arg("--model").arg(model).args(["--port", "0"]).args(args))
+}
+
+/// Starts `command` (a `hexlora serve`) and waits for the address it prints.
+pub(crate) fn spawn(command: &mut Command) -> Server {
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let url = line.trim().rsplit(' ').next().unwrap().to_string();
@@ -48,18 +43,18 @@ fn start(model: &PathBuf, extra: &[&str]) -> Server {
     Server { child, url }
 }
 
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder().http_status_as_error(false).build().into()
 }
 
-fn post(url: &str, body: &str) -> (u16, Value) {
+pub(crate) fn post(url: &str, body: &str) -> (u16, Value) {
     let mut r = agent().post(url).header("content-type", "application/json").send(body).unwrap();
     let status = r.status().as_u16();
     let text = r.body_mut().read_to_string().unwrap();
     (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: {status} body is not JSON ({e}): {text}")))
 }
 
-fn get(url: &str) -> (u16, Value) {
+pub(crate) fn get(url: &str) -> (u16, Value) {
     let mut r = agent().get(url).call().unwrap();
     (r.status().as_u16(), serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap())
 }
@@ -264,7 +259,7 @@ fn serve_adds_and_removes_adapters_refuses_bad_requests_queues_and_drains_on_sig
 
 /// One request written as raw HTTP/1.1 (to send a `Host` or a length no
 /// client library would): the status and the body of the answer.
-fn raw_http(url: &str, request: &str) -> (u16, String) {
+pub(crate) fn raw_http(url: &str, request: &str) -> (u16, String) {
     use std::io::Write;
     let mut c = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
     c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
