@@ -119,20 +119,22 @@ pub fn load_split(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfu
             DspSide::Npu { .. } => Arc::new(StoredProjection::from_raw(info, raw)?),
         })
     };
-    load_split_with(ckpt, side, buckets, unfused, cache, &cpu_side)
+    load_split_with(ckpt, side, buckets, unfused, cache, &cpu_side, FrozenDtype::F32)
 }
 
 /// [`load_split`] with the CPU side of every routed projection made by
-/// `cpu_side`: `serve --learn` passes the projections its answering model
-/// holds, so serving and learning share one copy of the base weights.
-pub fn load_split_with(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache, cpu_side: &ProjectionFactory<'_>) -> Result<SplitModel> {
+/// `cpu_side` and the embeddings and head held in `tables`: `serve
+/// --learn` passes the projections its answering model holds, so serving
+/// and learning share one copy of the base weights, and bf16 tables (the
+/// embedding stays in its checkpoint blocks, as `train` holds it).
+pub fn load_split_with(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache, cpu_side: &ProjectionFactory<'_>, tables: FrozenDtype) -> Result<SplitModel> {
     let start = Instant::now();
     if unfused && ckpt.config.arch == Arch::Qwen35 {
         eprintln!("note: the Qwen3.5 graph has no unfused mode; --no-fuse is ignored");
     }
     let routing = Routing { cpu_side, side, buckets, state: Arc::new(SplitState::default()), table: Mutex::new(RouteTable::default()), cache };
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, &routing);
-    let graph = crate::train::trainable_with(ckpt, &factory, FrozenDtype::F32, unfused);
+    let graph = crate::train::trainable_with(ckpt, &factory, tables, unfused);
     // Saved even when stopped: a rerun reuses the routes probed so far.
     cache.save();
     let graph = graph?;

@@ -54,9 +54,10 @@ pub struct Status {
     pub rounds: BTreeMap<String, u64>,
     /// The last outcome per user, in words.
     pub last: BTreeMap<String, Value>,
-    /// Times the learner paused for a request.
+    /// Steps during which a request came (the learner paused after them).
     pub yields: u64,
-    /// Longest and last wait of a request for the learner to pause, in ms.
+    /// How long such a request shared the machine with the step before
+    /// the learner paused (ms from its arrival to the step's end): worst.
     pub yield_ms_max: f64,
     /// See `yield_ms_max`.
     pub yield_ms_last: f64,
@@ -202,7 +203,7 @@ fn learn_loop(l: &Learning, graph: &dyn TrainableModel, assistant: &Assistant, r
         };
         let Some(user) = l.user(&name) else { continue };
         l.set_status(|s| s.state = format!("learning {name}"));
-        let mut hooks = Yield { l, activity, name: &name };
+        let mut hooks = Yield { l, activity, name: &name, stepped: false };
         let outcome = round::run(&user, graph, &l.encoder, l.bounds, &l.config.round, Some(&mut hooks as &mut dyn StepHooks<TrainState>));
         let last = match outcome {
             Ok(Outcome::Done(v)) => {
@@ -246,22 +247,34 @@ struct Yield<'a> {
     l: &'a Learning,
     activity: &'a Activity,
     name: &'a str,
+    /// A step has run in this round (so arrivals happened during one).
+    stepped: bool,
 }
+
+/// How long the learner stays paused after the last answer: the next
+/// message of a conversation usually follows within it, and should not
+/// find a step in its way.
+pub const GRACE: Duration = Duration::from_secs(2);
 
 impl StepHooks<TrainState> for Yield<'_> {
     fn before_step(&mut self, next: u64) -> bool {
         let stop = || self.l.stopping();
-        if self.activity.idle_for().is_none() {
+        let arrival = self.activity.take_arrival();
+        // Before the round's first step, an arrival is from before the round.
+        if let Some(shared) = arrival.filter(|_| std::mem::replace(&mut self.stepped, true)) {
+            // A request came during the step that just ended.
+            let ms = shared.as_secs_f64() * 1e3;
+            self.l.set_status(|s| {
+                s.yields += 1;
+                s.yield_ms_last = ms;
+                s.yield_ms_max = s.yield_ms_max.max(ms);
+            });
+        }
+        if self.activity.idle_for().is_none_or(|d| d < GRACE) {
             self.l.set_status(|s| s.state = format!("paused {} (answering)", self.name));
-            if let Some(waited) = self.activity.wait_idle(&stop) {
-                // How long the first request waited for this step to end.
-                let ms = waited.as_secs_f64() * 1e3;
-                self.l.set_status(|s| {
-                    s.yields += 1;
-                    s.yield_ms_last = ms;
-                    s.yield_ms_max = s.yield_ms_max.max(ms);
-                });
-            }
+            self.activity.wait_idle(GRACE, &stop);
+            // Requests answered during the pause never met a step.
+            self.activity.take_arrival();
             self.l.set_status(|s| s.state = format!("learning {}", self.name));
         }
         self.l.set_status(|s| s.step = Some(next - 1));

@@ -26,7 +26,7 @@ pub mod worker;
 
 use crate::model::assistant::Assistant;
 use crate::model::checkpoint::Checkpoint;
-use crate::model::cpu_projection::inference_projection;
+use crate::model::cpu_projection::{inference_projection, FrozenDtype};
 use crate::model::source::RawTensor;
 use crate::npu::{NpuClient, NpuOptions, PrecisionPolicy, TransportKind};
 use crate::model::decoder::SharedProjections;
@@ -106,7 +106,10 @@ fn load(ckpt: &Checkpoint, setup: Option<LearnSetup>) -> Result<(Assistant, Opti
         Some(kind) => DspSide::Npu { client: NpuClient::connect(kind, &NpuOptions::default())?, policy: setup.policy },
     };
     let cache = setup.plan_cache.as_deref().map_or_else(PlanCache::disabled, PlanCache::open);
-    let split = load_split_with(ckpt, &side, Arc::new(setup.buckets), false, &cache, &get)?;
+    // The learner's embedding and head in bf16 tables (a quantized
+    // embedding stays in its blocks): the f32 table would cost more than the
+    // shared projections save.
+    let split = load_split_with(ckpt, &side, Arc::new(setup.buckets), false, &cache, &get, FrozenDtype::Bf16)?;
     eprintln!("hexlora serve: learner planned: {} ({:.1} s)", split.routes.summary(), split.plan_seconds);
     let projections = split.graph.projections();
     let learning = learn::Learning::open(setup.config, ModelText::of(ckpt)?, Bounds::of(&ckpt.config), projections)?;

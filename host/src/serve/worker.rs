@@ -74,15 +74,15 @@ pub struct Activity {
 
 struct ActivityState {
     pending: usize,
-    /// When `pending` last went from 0 to 1.
-    busy_since: Option<Instant>,
+    /// When the first request since [`Activity::take_arrival`] came.
+    arrival: Option<Instant>,
     /// When `pending` last went to 0 (or the server started).
     idle_since: Instant,
 }
 
 impl Default for Activity {
     fn default() -> Self {
-        Activity { state: Mutex::new(ActivityState { pending: 0, busy_since: None, idle_since: Instant::now() }), changed: Condvar::new() }
+        Activity { state: Mutex::new(ActivityState { pending: 0, arrival: None, idle_since: Instant::now() }), changed: Condvar::new() }
     }
 }
 
@@ -94,9 +94,7 @@ impl Activity {
     /// A request was queued.
     pub fn begin(&self) {
         let mut s = self.lock();
-        if s.pending == 0 {
-            s.busy_since = Some(Instant::now());
-        }
+        s.arrival.get_or_insert_with(Instant::now);
         s.pending += 1;
     }
 
@@ -105,7 +103,6 @@ impl Activity {
         let mut s = self.lock();
         s.pending = s.pending.saturating_sub(1);
         if s.pending == 0 {
-            s.busy_since = None;
             s.idle_since = Instant::now();
             self.changed.notify_all();
         }
@@ -117,16 +114,22 @@ impl Activity {
         (s.pending == 0).then(|| s.idle_since.elapsed())
     }
 
-    /// Blocks while requests are waiting or answered, or until `stop()`.
-    /// Returns how long the first of them had waited for this call (the
-    /// caller's yield time), or `None` if the server was idle.
-    pub fn wait_idle(&self, stop: &dyn Fn() -> bool) -> Option<Duration> {
+    /// How long ago the first request since the last call came, if one
+    /// did (a learner calling this at each step boundary learns how long a
+    /// request shared the machine with its step: its yield time).
+    pub fn take_arrival(&self) -> Option<Duration> {
+        self.lock().arrival.take().map(|t| t.elapsed())
+    }
+
+    /// Blocks while requests are waiting or answered and for `grace`
+    /// after the last one (a conversation comes in bursts), or until
+    /// `stop()`.
+    pub fn wait_idle(&self, grace: Duration, stop: &dyn Fn() -> bool) {
         let mut s = self.lock();
-        let waited = s.busy_since.map(|t| t.elapsed());
-        while s.pending > 0 && !stop() {
-            s = self.changed.wait_timeout(s, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
+        while (s.pending > 0 || s.idle_since.elapsed() < grace) && !stop() {
+            let left = if s.pending > 0 { Duration::from_millis(100) } else { grace.saturating_sub(s.idle_since.elapsed()).min(Duration::from_millis(100)) };
+            s = self.changed.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
         }
-        waited
     }
 }
 
