@@ -42,6 +42,9 @@
 # - under cortex-a53, smollm2_greedy_matches_transformers (~200 s): the
 #   decoding loop it adds over the logits test runs the same kernels, and
 #   it runs under -cpu max.
+# - serve_learn, unless HEXLORA_AARCH64_SLOW=1: serve_http's generation
+#   plus SmolLM2 training rounds; the loop's logic runs here in
+#   personal_round (the tiny fixture), the HTTP side natively.
 # Usage: bash ci/aarch64-test.sh [max|cortex-a53|all]   (default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +53,7 @@ target=aarch64-unknown-linux-musl
 # The static link flags (ci/build-aarch64.sh --static sets them up).
 source ci/build-aarch64.sh --static-env
 left_out="npu_grad npu_transports personalize_job firmware_log npu_fastrpc train_torture"
-[[ ${HEXLORA_AARCH64_SLOW:-} == 1 ]] || left_out+=" adapter_generate eval_model_methods serve_http model_gemma3 eval_trained_methods hyper_worker"
+[[ ${HEXLORA_AARCH64_SLOW:-} == 1 ]] || left_out+=" adapter_generate eval_model_methods serve_http serve_learn model_gemma3 eval_trained_methods hyper_worker"
 # The integration tests are one binary (host/tests/suite): a module is left
 # out by skipping its path.
 skips=()
