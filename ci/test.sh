@@ -40,6 +40,8 @@ stage "SmolLM2 vs transformers, AVX2 decoding" env HEXLORA_MATVEC=avx2 cargo tes
 
 stage "GGUF LoRA adapters in llama.cpp" bash ci/llama-cpp-adapter.sh
 
+stage "serve and its learning loop, official openai client" bash ci/openai-client.sh
+
 stage "stage 1 federated on Flower, loopback" bash ci/federated-test.sh
 
 # Fuzzing: the native tests replay every target's body over its kept
