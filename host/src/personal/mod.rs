@@ -103,11 +103,6 @@ impl User {
         let _held = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         f(&self.versions)
     }
-
-    /// The live version's adapter, read for `model`.
-    pub fn live_adapter(&self, model: &crate::model::config::ModelConfig) -> Result<Adapter> {
-        Adapter::open(&self.versions.live_adapter()?, model)
-    }
 }
 
 /// Kill -9 tests reach exact moments this way: when `HEXLORA_KILL_AT`

@@ -73,15 +73,12 @@ struct Plan {
 pub fn run(user: &User, model: &dyn TrainableModel, enc: &dyn Encoder, bounds: Bounds, config: &RoundConfig, hooks: Option<&mut dyn StepHooks<TrainState>>) -> Result<Outcome> {
     let dir = user.dir.join(ROUND_DIR);
     let live = user.versions.live()?.ok_or_else(|| Error::invalid(user.dir.display().to_string(), "no live version"))?;
-    let plan = match read_plan(&dir)? {
+    let (plan, fresh) = match read_plan(&dir)? {
         // A rollback since the round started: its parent is no longer
         // what it would replace, so it starts over from the live version.
-        Some(p) if p.parent == live || user.versions.list()?.iter().any(|v| v.version == p.version) => p,
+        Some(p) if p.parent == live || user.versions.list()?.iter().any(|v| v.version == p.version) => (p, false),
         _ => match new_plan(user, live, config.min_new)? {
-            Ok(p) => {
-                start(&dir, &p, user, model, enc, bounds, config)?;
-                p
-            }
+            Ok(p) => (p, true),
             Err(unseen) => return Ok(Outcome::Nothing { unseen }),
         },
     };
@@ -92,6 +89,9 @@ pub fn run(user: &User, model: &dyn TrainableModel, enc: &dyn Encoder, bounds: B
     let parent = Adapter::load(&user.versions.adapter_dir(plan.parent))?;
     let train_set = batches(&plan.train, enc, bounds, config.max_len)?;
     let cfg = round_config(config, &parent, train_set.len());
+    if fresh {
+        start(&dir, &plan, &parent, &train_set, &cfg, model)?;
+    }
     let run = RunOptions { resume: true, hooks, ..RunOptions::quiet() };
     let state = train(model, &train_set, &cfg, &dir, run)?;
     if state.step() < cfg.schedule.total {
@@ -146,15 +146,13 @@ fn new_plan(user: &User, live: u64, min_new: usize) -> Result<std::result::Resul
 
 /// Writes the plan, then the round's first commit (the parent adapter,
 /// fresh optimizer moments).
-fn start(dir: &Path, plan: &Plan, user: &User, model: &dyn TrainableModel, enc: &dyn Encoder, bounds: Bounds, config: &RoundConfig) -> Result<()> {
+fn start(dir: &Path, plan: &Plan, parent: &Adapter, train_set: &[Batch], cfg: &TrainConfig, model: &dyn TrainableModel) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let parent = Adapter::load(&user.versions.adapter_dir(plan.parent))?;
     parent.check(&model.projections())?;
     let items = |v: &[Stored]| v.iter().map(|s| json!({"id": s.id, "example": s.example})).collect::<Vec<_>>();
     let text = json!({"parent": plan.parent, "version": plan.version, "train": items(&plan.train), "heldout": items(&plan.heldout)});
-    let train_set = batches(&plan.train, enc, bounds, config.max_len)?;
-    commit_start(&parent, &round_config(config, &parent, train_set.len()), &train_set, dir)?;
+    commit_start(parent, cfg, train_set, dir)?;
     super::kill_point("round-started");
     // Last: a round.json means a complete start.
     write_atomic(&plan_path(dir), text.to_string().as_bytes())
