@@ -45,6 +45,9 @@
 # - serve_learn, unless HEXLORA_AARCH64_SLOW=1: serve_http's generation
 #   plus SmolLM2 training rounds; the loop's logic runs here in
 #   personal_round (the tiny fixture), the HTTP side natively.
+# - eval_cli's SIGTERM test, unless HEXLORA_AARCH64_SLOW=1: three evaluation
+#   runs with per-user training, to test stop signals and resume in the
+#   binary, which do not depend on the CPU.
 # Usage: bash ci/aarch64-test.sh [max|cortex-a53|all]   (default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +63,7 @@ skips=()
 for name in $left_out; do
     skips+=(--skip "$name::")
 done
+[[ ${HEXLORA_AARCH64_SLOW:-} == 1 ]] || skips+=(--skip "eval_cli::sigterm_stops_between_users")
 
 run_under() {
     local cpu=$1; shift

@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode_message skel_invoke gguf_read hf_dir peft_adapter training_jsonl)
+[ ${#targets[@]} -gt 0 ] || targets=(decode_message skel_invoke gguf_read hf_dir peft_adapter training_jsonl http_request)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 export RUSTC_BOOTSTRAP=1
 fx=host/tests/fixtures
@@ -36,7 +36,7 @@ pair() {
 
 seed() {
     local c=fuzz/corpus
-    mkdir -p "$c"/{decode_message,skel_invoke,gguf_read,hf_dir,peft_adapter,training_jsonl}
+    mkdir -p "$c"/{decode_message,skel_invoke,gguf_read,hf_dir,peft_adapter,training_jsonl,http_request}
     cp $fx/gguf/quant.gguf $fx/models/llama3-rope-freqs/rope.gguf "$c/gguf_read/"
     for m in training/llama/model training/qwen3/model training/qwen35/model hyper/model; do
         pair $fx/$m/config.json $fx/$m/model.safetensors "$c/hf_dir/${m//\//_}"
@@ -47,6 +47,13 @@ seed() {
     { printf '\x40'; head -n 4 $fx/training/sotu_train.jsonl; } >"$c/training_jsonl/pairs"
     printf '\x10{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n' >"$c/training_jsonl/chat"
     printf '\x08{"input_ids": [1, 5, 9, 17], "labels": [-100, 5, 9, 17]}\n{"input_ids": [3, 4]}\n' >"$c/training_jsonl/ids"
+    # http_request: the flag byte (bit 0: the server has an API key), then a request.
+    http() { { printf "$1"; printf 'POST %s HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nContent-Type: application/json\r\nAuthorization: Bearer sk-fuzz\r\nContent-Length: %d\r\n\r\n%s' "$2" "${#3}" "$3"; } >"$c/http_request/$4"; }
+    http '\x01' /v1/chat/completions '{"model": "alice", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 8, "stream": true}' chat
+    http '\x00' /v1/completions '{"model": "base", "prompt": ["hello"], "temperature": 0.7, "top_p": 0.9, "stop": ["\\n"]}' completion
+    http '\x00' /v1/feedback '{"model": "alice", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}' feedback
+    http '\x01' /v1/adapters/alice '{"path": "alice", "scale": 2.0}' adapter
+    http '\x00' /v1/adapters/bob '{"path": "../hexlora-fuzz-outside", "scale": 1e30}' outside
 }
 seed
 

@@ -79,8 +79,12 @@ def train(msg: Message, context: Context) -> Message:
     work = Path(_node_value(context, "workdir")) / str(config["federation-name"])
     write_hypernet(work / "received", arrays, str(config["hypernet-json"]))
     trainer = _trainer(context, str(config["train-args"]))
-    summary = worker_round(trainer, str(context.node_config.get("shard", "")), work / "received", start_step, local_steps, work / "worker")
+    shard = str(context.node_config.get("shard", ""))
+    summary = worker_round(trainer, shard, work / "received", start_step, local_steps, work / "worker")
     reply_arrays, _ = read_hypernet(work / "worker" / "hypernet")
+    # Which shard answered, as numbers (a MetricRecord holds no strings):
+    # K and S of "K/S", or 0 and 1 for a node holding every user.
+    k, of = (int(x) for x in shard.split("/")) if shard else (0, 1)
     metrics = MetricRecord(
         {
             "num-examples": int(summary["examples"]),
@@ -88,6 +92,8 @@ def train(msg: Message, context: Context) -> Message:
             "unit-weight": 1,
             "train-loss": float(summary["loss"] if summary["loss"] is not None else 0.0),
             "steps": int(summary["step"]) - start_step,
+            "shard-k": k,
+            "shard-of": of,
         }
     )
     return Message(RecordDict({"arrays": reply_arrays, "metrics": metrics}), reply_to=msg)

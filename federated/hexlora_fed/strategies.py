@@ -42,9 +42,18 @@ class Recorded:
         ok = [m for m in replies if not m.has_error()]
         if arrays is None or not ok:
             raise RuntimeError(f"round {server_round}: no worker returned parameters ({len(replies) - len(ok)} failed)")
+        def shard(m) -> str:
+            mm = m.content["metrics"]
+            return f'{int(mm["shard-k"])}/{int(mm["shard-of"])}' if "shard-k" in mm else "?"
+
         self.last = {
             "workers": len(ok),
             "failed": len(replies) - len(ok),
+            # Which nodes this round had: the shard and Flower node id of
+            # each worker that answered, and the ids of those that failed.
+            "shards": sorted(shard(m) for m in ok),
+            "nodes": sorted(int(m.metadata.src_node_id) for m in ok),
+            "failed_nodes": sorted(int(m.metadata.src_node_id) for m in replies if m.has_error()),
             "examples": sum(int(m.content["metrics"]["num-examples"]) for m in ok),
             "train_loss": float(metrics["train-loss"]) if metrics is not None else None,
         }

@@ -7,7 +7,7 @@
 //!
 //!     cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run peft_adapter
 
-use hexlora::lora::tensor_file::TensorFile;
+use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::config::ModelConfig;
 use hexlora::model::descriptor::Descriptor;

@@ -7,7 +7,7 @@
 //! RAYON_NUM_THREADS=2 cargo run --release -p hexlora --example bench_head
 //! ```
 use hexlora::bench_support::{best_ms, cpu_name};
-use hexlora::model::cpu_projection::Bf16Projection;
+use hexlora::ops::cpu_projection::Bf16Projection;
 use hexlora::ops::bf16_matmul::Bf16Matrix;
 use hexlora::ops::cross_entropy::{head_forward_backward, VOCAB_SLICE};
 use hexlora::projection::{Direction, Projection, ProjectionInfo, ProjectionKind};

@@ -18,7 +18,7 @@
 use hexlora::autograd::Tape;
 use hexlora::bench_support::{best_ms, cpu_name};
 use hexlora::lora::branch::{backward, forward_into, transposed, Grads, Shapes};
-use hexlora::model::cpu_projection::Bf16Projection;
+use hexlora::ops::cpu_projection::Bf16Projection;
 use hexlora::ops::matmul::{matmul, matmul_at, matmul_bt, matmul_unpacked};
 use hexlora::projection::{Projection, ProjectionInfo, ProjectionKind};
 use hexlora::tensor::Tensor;

@@ -25,6 +25,7 @@
 mod dl_find_object;
 
 pub mod autograd;
+pub mod base;
 pub mod bench_support;
 pub mod error;
 pub mod eval;

@@ -11,7 +11,6 @@
 //! hypernetwork hold `Arc<dyn Projection>` and nothing else of `W`, so the
 //! split runtime can route each projection to the DSP service (or back to the
 //! CPU) without touching model code.
-pub use crate::ops::bf16_matmul::{Carried, LoraFactors};
 use crate::{Error, Result};
 
 /// Which product with the frozen weight is wanted.
@@ -149,4 +148,29 @@ pub trait Projection: Send + Sync {
         }
         self.apply(Direction::InputGrad, &one_hot, rows.len(), out)
     }
+}
+
+/// What a LoRA-carrying product did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carried {
+    /// Nothing (nothing written): the caller runs the branch itself.
+    No,
+    /// The branch; the caller computes `dB` (input gradient).
+    Branch,
+    /// The branch and `dB` (input gradient only).
+    BranchAndDb,
+}
+
+/// A LoRA branch `scale x A^T B^T` (`a: [rank, in]`, `b: [out, rank]`,
+/// f32) to carry on a frozen product (`ops::bf16_matmul::forward_lora`, `input_grad_lora`).
+#[derive(Clone, Copy)]
+pub struct LoraFactors<'a> {
+    /// `A: [rank, in]`.
+    pub a: &'a [f32],
+    /// `B: [out, rank]`.
+    pub b: &'a [f32],
+    /// `r`.
+    pub rank: usize,
+    /// `lora_alpha / r`.
+    pub scale: f32,
 }

@@ -38,7 +38,7 @@ impl Projection for DenseProjection {
 }
 
 pub(crate) fn pseudo_random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    (0..n).map(|i| (super::counter_rng::uniform(seed, i as u64) * 2.0 - 1.0) * scale).collect()
+    (0..n).map(|i| (crate::base::counter_rng::uniform(seed, i as u64) * 2.0 - 1.0) * scale).collect()
 }
 
 /// `max |got - want| / max |want|` (per-tensor max-normalised error).
@@ -112,7 +112,7 @@ fn reference_loss(s: &Setup, x: &[f64], a: &[f64], b: &[f64]) -> f64 {
         Some(dr) => x
             .iter()
             .enumerate()
-            .map(|(i, v)| if super::counter_rng::uniform(dr.seed, i as u64) >= dr.p { v / (1.0 - dr.p as f64) } else { 0.0 })
+            .map(|(i, v)| if crate::base::counter_rng::uniform(dr.seed, i as u64) >= dr.p { v / (1.0 - dr.p as f64) } else { 0.0 })
             .collect(),
         None => x.to_vec(),
     };
@@ -163,7 +163,7 @@ fn reference_loss_a64(s: &Setup, p: &[Vec<f64>; 3]) -> f64 {
         Some(dr) => p[0]
             .iter()
             .enumerate()
-            .map(|(i, v)| if super::counter_rng::uniform(dr.seed, i as u64) >= dr.p { v / (1.0 - dr.p as f64) } else { 0.0 })
+            .map(|(i, v)| if crate::base::counter_rng::uniform(dr.seed, i as u64) >= dr.p { v / (1.0 - dr.p as f64) } else { 0.0 })
             .collect(),
         None => p[0].clone(),
     };

@@ -2,10 +2,10 @@
 //! target, and a way to record the loss of a batch on a tape with the LoRA
 //! factors attached. Architectures implement [`TrainableModel`]; the loop,
 //! `hexlora grad` and the hypernetwork only talk to this trait.
-use crate::autograd::{Tape, Var};
+use super::{Tape, Var};
 use crate::lora::branch::Dropout;
 use crate::projection::{Projection, ProjectionInfo};
-use crate::autograd::counter_rng;
+use crate::base::counter_rng;
 use crate::Result;
 use std::collections::HashMap;
 use std::sync::Arc;

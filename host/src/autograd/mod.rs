@@ -4,17 +4,18 @@
 //! - [`tape`]: the append-only arena of values and nodes;
 //! - [`nodes`]: the one list of node kinds, their builders and backwards;
 //! - `backward.rs`: the one reverse walk;
-//! - [`gdn_node`]: Qwen3.5's fused nodes (Gated DeltaNet, attention gate);
+//! - [`nodes::CustomNode`]: the extension point for an architecture's own
+//!   fused nodes (Qwen3.5's live in `model/qwen35/gdn_node.rs`);
 //! - [`profile`]: per-node-kind timings for benchmarks;
-//! - [`counter_rng`]: seed-addressed random numbers (dropout, MeZO).
+//! - [`graph`]: the contract between an architecture's training graph and
+//!   the loops that drive it ([`graph::TrainableModel`]).
 mod backward;
-pub mod gdn_node;
-pub mod counter_rng;
+pub mod graph;
 pub mod nodes;
 pub mod profile;
 pub mod tape;
 
-pub use nodes::SegmentFn;
+pub use nodes::{CustomNode, SegmentFn};
 pub use tape::{Tape, Var};
 
 #[cfg(test)]

@@ -71,9 +71,21 @@ pub(crate) enum NodeKind {
     /// Saves nothing but the function: the backward reruns it on a private
     /// tape and back-propagates there.
     Segment { f: SegmentFn },
-    /// Qwen3.5's fused nodes (Gated DeltaNet recurrence, attention output
-    /// gate); inputs and saved buffers are listed in `gdn_node.rs`.
-    Qwen35(super::gdn_node::Qwen35Node),
+    /// A node kind defined beside its architecture rather than in the tape
+    /// (Qwen3.5's Gated DeltaNet and attention gate:
+    /// `model/qwen35/gdn_node.rs`), so the tape names no architecture.
+    Custom(Box<dyn CustomNode>),
+}
+
+/// The extension point of the tape: a fused node whose forward the caller
+/// computes and pushes ([`super::Tape::push_custom`]) and whose backward the
+/// tape's one backward walk calls like its own kinds'. Its backward may read
+/// the node's output.
+pub trait CustomNode: Send + Sync {
+    /// Short name for profiles.
+    fn name(&self) -> &'static str;
+    /// Gradients of the inputs given `dout`; `None` where not `wanted`.
+    fn backward(&self, inputs: &[&Tensor], output: &Tensor, dout: &Tensor, wanted: &[bool]) -> Result<Vec<Option<Tensor>>>;
 }
 
 impl NodeKind {
@@ -91,7 +103,7 @@ impl NodeKind {
             NodeKind::Add => "add",
             NodeKind::HeadLoss { .. } => "head+loss",
             NodeKind::Segment { .. } => "segment",
-            NodeKind::Qwen35(n) => n.name(),
+            NodeKind::Custom(n) => n.name(),
         }
     }
 
@@ -138,7 +150,7 @@ impl NodeKind {
 
     /// Whether the backward reads the node's own output.
     pub(crate) fn reads_output(&self) -> bool {
-        matches!(self, NodeKind::Attention { .. } | NodeKind::Qwen35(_))
+        matches!(self, NodeKind::Attention { .. } | NodeKind::Custom(_))
     }
 
     /// Gradients of the inputs given `dout`; `None` where not `wanted`.
@@ -218,7 +230,7 @@ impl NodeKind {
                 })])
             }
             NodeKind::Segment { f } => segment_backward(f, inputs, dout, wanted),
-            NodeKind::Qwen35(n) => n.backward(inputs, &dout, wanted),
+            NodeKind::Custom(n) => n.backward(inputs, output, &dout, wanted),
         }
     }
 }
@@ -553,7 +565,7 @@ impl Tape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::cpu_projection::CpuProjection;
+    use crate::ops::cpu_projection::CpuProjection;
     use crate::projection::{ProjectionInfo, ProjectionKind};
 
     /// Serves the product first and the side work after it, as an NPU

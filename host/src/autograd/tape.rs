@@ -62,6 +62,12 @@ impl Tape {
         output
     }
 
+    /// Records a node of a kind defined outside the tape
+    /// ([`super::CustomNode`]) whose forward gave `value`.
+    pub fn push_custom(&mut self, node: Box<dyn super::CustomNode>, inputs: &[Var], value: Tensor) -> Var {
+        self.push(NodeKind::Custom(node), inputs, value)
+    }
+
     /// The value of `v`.
     pub fn value(&self, v: Var) -> &Tensor {
         &self.values[v.0]

@@ -2,7 +2,7 @@
 //! only with `--force`, and never when it is one of the command's own
 //! inputs (or holds one), `--force` or not: `export-gguf --out` given the
 //! `--model` file replaced the base model with a LoRA file and exited 0.
-use hexlora::{Error, Result};
+use crate::{Error, Result};
 use std::path::Path;
 
 /// The same file or directory (one canonical path, or one inode: a hard
@@ -36,7 +36,7 @@ pub fn check_output(output: &Path, inputs: &[(&str, &Path)], force: bool) -> Res
 
 /// [`check_output`] for each of a run directory's `outputs` under `out`,
 /// without the existence rule (run directories have their own, with
-/// commits: `train::learner::claim_out_dir`).
+/// commits: `train::learner::claim_out_dir`, which calls this first).
 pub fn check_run_outputs(out: &Path, outputs: &[&str], inputs: &[(&str, &Path)]) -> Result<()> {
     let paths = outputs.iter().map(|o| out.join(o)).chain([out.join("commit.safetensors")]);
     for p in paths {

@@ -22,7 +22,7 @@
 //! Quantized rows are whole blocks (GGUF requires the innermost dim to be a
 //! multiple of the block length), so [`RawTensor::dequantize_rows`] can
 //! dequantize any row range on its own.
-use crate::model::source::{DType, RawTensor};
+use crate::base::dtype::{DType, RawTensor};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use half::{bf16, f16};

@@ -1,7 +1,7 @@
 //! Named f32 tensors to and from safetensors bytes: adapters, gradient
 //! dumps and optimizer commits all use this. Reading accepts f32, f16 and
 //! bf16 (PEFT saves in the model's dtype) and converts to f32.
-use crate::model::source::RawTensor;
+use crate::base::dtype::RawTensor;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
@@ -97,7 +97,7 @@ impl View for F32View<'_> {
 pub fn write_tensors_atomic<'a>(path: &std::path::Path, tensors: impl IntoIterator<Item = (String, &'a Tensor)>, metadata: &BTreeMap<String, String>) -> Result<()> {
     let views = f32_views(tensors)?;
     let meta = header_metadata(metadata);
-    crate::train::atomic_write::write_atomic_with(path, &mut |tmp| {
+    crate::base::atomic_write::write_atomic_with(path, &mut |tmp| {
         safetensors::tensor::serialize_to_file(views.iter().map(|(k, v)| (k.as_str(), F32View(v.0))), meta.clone(), tmp)
             .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
     })
@@ -125,7 +125,7 @@ fn header_metadata(metadata: &BTreeMap<String, String>) -> Option<HashMap<String
 /// Decodes through the model loader's converter, so f16/bf16 are read by
 /// one piece of code whichever file they come from.
 fn to_f32(view: &TensorView<'_>) -> std::result::Result<Vec<f32>, String> {
-    let dtype = crate::model::hf_dir::float_dtype(view.dtype())
+    let dtype = crate::base::dtype::float_dtype(view.dtype())
         .ok_or_else(|| format!("dtype {:?} is not supported (f32, f16, bf16 are)", view.dtype()))?;
     let raw = RawTensor { name: String::new(), dtype, shape: view.shape().to_vec(), bytes: view.data() };
     raw.to_f32().map_err(|e| e.to_string())

@@ -8,8 +8,8 @@ use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};
 use hexlora::train::trainer::TrainConfig;
 use hexlora::hyper::{HeadVariant, Pool, WeightsDtype};
-use hexlora::lora::gguf_adapter::OutType;
-use hexlora::model::cpu_projection::FrozenDtype;
+use hexlora::model::gguf_adapter::OutType;
+use hexlora::ops::cpu_projection::FrozenDtype;
 use clap::builder::{PossibleValue, PossibleValuesParser, RangedU64ValueParser, TypedValueParser};
 use std::path::{Path, PathBuf};
 
@@ -234,6 +234,63 @@ pub fn warn_ignored(why: &str, options: &[(&str, bool)]) {
     let given: Vec<&str> = options.iter().filter(|(_, g)| *g).map(|(n, _)| *n).collect();
     if !given.is_empty() {
         eprintln!("warning: {} ignored: {why}", given.join(", "));
+    }
+}
+
+/// Where frozen products run and the split runtime's settings for the DSP
+/// side: one set of options, one meaning, for `personalize` and
+/// `serve --learn`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DspArgs {
+    /// Where frozen products run.
+    #[arg(long, value_enum, alias = "transport", default_value = "dsp")]
+    pub device: Device,
+    /// Resident precision on the DSP: `default` (recurrent f16, attention
+    /// and MLP q8_0), `f16`, `q8_0`, or overrides like `attention=f16`.
+    #[arg(long, default_value = DEFAULT_PRECISION)]
+    pub precision: String,
+    /// Token buckets the planner validates (token counts are padded up).
+    #[arg(long, default_value = DEFAULT_BUCKETS)]
+    pub buckets: String,
+    /// Where validated routes are remembered between runs (default
+    /// `$XDG_CACHE_HOME/hexlora` or `~/.cache/hexlora`). A cached
+    /// projection is still canary-probed at the smallest bucket.
+    #[arg(long)]
+    pub plan_cache: Option<PathBuf>,
+    /// Probe every route and leave the plan cache alone.
+    #[arg(long)]
+    pub no_plan_cache: bool,
+}
+
+impl DspArgs {
+    /// The DSP-only options, each with whether it was given (for
+    /// [`warn_ignored`]).
+    pub fn dsp_only(&self) -> [(&'static str, bool); 4] {
+        [
+            ("--precision", self.precision != DEFAULT_PRECISION),
+            ("--buckets", self.buckets != DEFAULT_BUCKETS),
+            ("--plan-cache", self.plan_cache.is_some()),
+            ("--no-plan-cache", self.no_plan_cache),
+        ]
+    }
+
+    /// The resident precision policy `--precision` names.
+    pub fn policy(&self) -> hexlora::Result<hexlora::npu::PrecisionPolicy> {
+        hexlora::npu::PrecisionPolicy::parse(&self.precision)
+    }
+
+    /// The planner's token buckets.
+    pub fn buckets(&self) -> hexlora::Result<hexlora::runtime::planner::Buckets> {
+        hexlora::runtime::planner::Buckets::parse(&self.buckets)
+    }
+
+    /// The plan cache directory, `None` with `--no-plan-cache`.
+    pub fn plan_cache_dir(&self) -> Option<PathBuf> {
+        if self.no_plan_cache {
+            None
+        } else {
+            self.plan_cache.clone().or_else(hexlora::runtime::plan_cache::default_dir)
+        }
     }
 }
 

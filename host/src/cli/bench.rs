@@ -41,6 +41,9 @@ struct BuildArgs {
     /// Directory of the gunzipped git logs, one PACKAGE.txt each.
     #[arg(long, default_value = commit_subject::DEFAULT_DIR)]
     gitlog_dir: PathBuf,
+    /// Replace a benchmark directory that already exists in --out.
+    #[arg(long)]
+    force: bool,
 }
 
 /// Builds and writes each requested benchmark, printing its counts.
@@ -59,6 +62,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ => commit_subject::build_from_dir(&a.gitlog_dir, a.seed)?,
         };
         let dir = a.out.join(name);
+        let inputs = [
+            ("--fortunes-dir", a.fortunes_dir.as_path()),
+            ("--spam-dir", a.spam_dir.as_path()),
+            ("--sotu-dir", a.sotu_dir.as_path()),
+            ("--git-shortlog", a.git_shortlog.as_path()),
+            ("--gitlog-dir", a.gitlog_dir.as_path()),
+        ];
+        hexlora::base::outputs::check_output(&dir, &inputs, a.force)?;
         bench::write(&dir, &built)?;
         report(name, &dir, &built.manifest);
     }

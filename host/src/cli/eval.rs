@@ -254,7 +254,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // The progress in hand: re-reading the file would compare it
             // with a fingerprint the run has since changed (the split
             // runtime's routes are known once a user has trained).
-            println!("{signal}: stopped after {} of {} users (kept in {}); rerun the same command with --resume to continue", progress.len(), split.users.len(), progress_path.display());
+            println!("{signal}: stopped after {} of {} users (kept in {}); rerun the same command with --resume to continue", progress.finished(), split.users.len(), progress_path.display());
             return Ok(());
         }
         other => other?,

@@ -1,7 +1,7 @@
 //! `hexlora export-gguf`: a PEFT adapter (or a GGUF one, re-encoded) as a
 //! llama.cpp LoRA adapter file for the given base model.
 use super::args::{choices, OUT_TYPES};
-use hexlora::lora::gguf_adapter::{export, OutType};
+use hexlora::model::gguf_adapter::{export, OutType};
 use hexlora::lora::Adapter;
 use hexlora::model::checkpoint::Checkpoint;
 use anyhow::Context;
@@ -31,7 +31,7 @@ pub struct Args {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    super::outputs::check_output(&args.out, &[("--model", &args.model), ("--adapter", &args.adapter)], args.force)?;
+    hexlora::base::outputs::check_output(&args.out, &[("--model", &args.model), ("--adapter", &args.adapter)], args.force)?;
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     export(&adapter, &ckpt.config, args.outtype, &args.out).with_context(|| format!("writing {}", args.out.display()))?;

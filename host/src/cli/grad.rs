@@ -11,11 +11,11 @@
 //! not a multiple of 32 is kept FP16 instead, and anything the service
 //! refuses outright stays on the CPU. The vocabulary head is always on the
 //! CPU. What went where is printed.
-use hexlora::lora::tensor_file::TensorFile;
+use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::model::checkpoint::Checkpoint;
 use super::args::Device;
-use hexlora::model::cpu_projection::FrozenDtype;
+use hexlora::ops::cpu_projection::FrozenDtype;
 use hexlora::model::decoder::{cpu_projection, ProjectionFactory};
 use hexlora::model::source::RawTensor;
 use hexlora::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy};
@@ -23,7 +23,7 @@ use hexlora::projection::{Projection, ProjectionInfo};
 use hexlora::tensor::Tensor;
 use hexlora::train::data::Bounds;
 use hexlora::train::grad::compute_grads;
-use hexlora::train::graph::{Batch, GraphOptions, TrainableModel};
+use hexlora::autograd::graph::{Batch, GraphOptions, TrainableModel};
 use hexlora::Error;
 use anyhow::Context;
 use std::cell::RefCell;
@@ -73,7 +73,7 @@ struct Routes {
 
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    super::outputs::check_output(&args.out, &[("--model", &args.model), ("--adapter", &args.adapter), ("--batch", &args.batch)], args.force)?;
+    hexlora::base::outputs::check_output(&args.out, &[("--model", &args.model), ("--adapter", &args.adapter), ("--batch", &args.batch)], args.force)?;
     let ckpt = Checkpoint::open(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let text = std::fs::read_to_string(&args.batch).with_context(|| args.batch.display().to_string())?;
     let batch: Batch = serde_json::from_str(&text).with_context(|| format!("{}: expected {{\"input_ids\": [[...]], \"labels\": [[...]]}}", args.batch.display()))?;
@@ -91,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut out = r.grads;
     out.tensors.insert("loss".into(), Tensor::from_vec(&[1], vec![r.loss])?);
     out.tensors.insert("logits".into(), r.logits.context("compute_grads returned no logits although they were requested")?);
-    hexlora::train::atomic_write::write_atomic(&args.out, &TensorFile::to_bytes(&out)?)?;
+    hexlora::base::atomic_write::write_atomic(&args.out, &TensorFile::to_bytes(&out)?)?;
     println!("loss {:.6}  ({} adapter tensors) -> {}", r.loss, out.tensors.len() - 2, args.out.display());
     Ok(())
 }

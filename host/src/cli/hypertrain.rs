@@ -2,11 +2,11 @@
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
 use hexlora::hyper::trainer::{hypertrain, hypertrain_from, HyperRun, HyperTrainConfig, StartFrom};
-use hexlora::train::learner::{claim_out_dir, AfterStep};
+use hexlora::train::learner::{claim_out_dir, StepHooks};
+use hexlora::hyper::checkpoints::{DevCheckpoints, Keep, BEST_DIR};
 use super::args::{choices, module_names, non_negative, positive, u64_in, usize_in, HEAD_VARIANTS, MAX_TOKENS, POOLS, WEIGHTS_DTYPES};
 use hexlora::eval::lamp::read_lamp_dir;
 use hexlora::hyper::commit::HyperState;
-use hexlora::hyper::heldout::HeldOutSet;
 use hexlora::hyper::users::{load_users, split_users, UserRecord};
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet, Pool, WeightsDtype};
 use hexlora::lora::Adapter;
@@ -286,8 +286,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for (flag, p) in [("--bench", &args.bench), ("--data", &args.data), ("--dev-data", &args.dev_data), ("--init-hypernet", &args.init_hypernet), ("--common-lora", &args.common_lora)] {
         inputs.extend(p.as_deref().map(|p| (flag, p)));
     }
-    super::outputs::check_run_outputs(&args.out, &outputs, &inputs)?;
-    claim_out_dir(&args.out, &outputs, args.force)?;
+    claim_out_dir(&args.out, &outputs, &inputs, args.force)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let positions = ckpt.config.max_position_embeddings;
     for (flag, v) in [("--max-len", args.max_len), ("--context-tokens", args.context_tokens)] {
@@ -307,15 +306,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.start_step > total {
         return Err(hexlora::Error::invalid("--start-step", format!("{} is past the run's {total} steps (--simcse-steps + --steps)", args.start_step)).into());
     }
-    let heldout = match dev.is_empty() {
+    let mut checkpoints = match dev.is_empty() {
         true => None,
-        false => Some(HeldOut::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, (args.resume, args.keep_dev_checkpoints), args.start_step)?),
+        false => {
+            let keep = Keep { resume: args.resume, every_check: args.keep_dev_checkpoints, check_every: args.dev_every.max(1), total };
+            Some(DevCheckpoints::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, keep, args.start_step)?)
+        }
     };
-    let mut on_step = AfterStep(|state: &HyperState| match &heldout {
-        Some(h) if state.step % args.dev_every.max(1) == 0 || state.step == total => h.record(&model, &state.net, state.step),
-        _ => Ok(()),
-    });
-    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: args.local_steps, commit_every: args.commit_every, hooks: Some(&mut on_step) };
+    let hooks = checkpoints.as_mut().map(|c| c as &mut dyn StepHooks<HyperState>);
+    let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: args.local_steps, commit_every: args.commit_every, hooks };
     let stop = hexlora::signals::StopRequest::install()?;
     let state = match args.init_hypernet {
         Some(_) => hypertrain_from(&model, &text, &users, StartFrom { net: fresh, step: args.start_step }, common.as_ref(), &train, &args.out, run)?,
@@ -360,7 +359,7 @@ fn write_worker_outputs(out: &Path, state: &HyperState, users: &[UserRecord], st
         "examples": users.iter().map(|u| u.examples.len()).sum::<usize>(),
         "loss": loss,
     });
-    hexlora::train::atomic_write::write_atomic(&out.join("worker.json"), format!("{summary}\n").as_bytes())?;
+    hexlora::base::atomic_write::write_atomic(&out.join("worker.json"), format!("{summary}\n").as_bytes())?;
     Ok(())
 }
 
@@ -372,88 +371,6 @@ fn bench_users(dir: &Path, split: &str, max_prompt_chars: usize) -> anyhow::Resu
     let examples: usize = users.iter().map(|u| u.examples.len()).sum();
     eprintln!("{what}: {} users, {examples} examples ({} users with fewer than two examples left out)", users.len(), skipped.len());
     Ok(users)
-}
-
-/// Held-out users' loss during training, appended to `heldout.jsonl`; the
-/// network of the lowest loss so far is kept in `hypernet-best/` (with
-/// `best.json`: its step and loss), the checkpoint chosen on the dev users;
-/// with `keep_every`, each checked network also in `hypernet-step<N>/`.
-struct HeldOut {
-    set: HeldOutSet,
-    path: PathBuf,
-    best_dir: PathBuf,
-    best: std::cell::Cell<Option<f64>>,
-    keep_every: bool,
-}
-
-impl HeldOut {
-    /// Fixes the held-out examples, and on a fresh run records the common
-    /// LoRA's loss and the untrained network's (step 0).
-    #[allow(clippy::too_many_arguments)]
-    fn start(model: &DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, (resume, keep_every): (bool, bool), step: u64) -> anyhow::Result<Self> {
-        let set = HeldOutSet::new(text, fresh, dev, hexlora::autograd::counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
-        std::fs::create_dir_all(out)?;
-        let best_dir = out.join(BEST_DIR);
-        let best = if resume { best_so_far(&best_dir)? } else { None };
-        let h = HeldOut { set, path: out.join("heldout.jsonl"), best_dir, best: std::cell::Cell::new(best), keep_every };
-        if !resume {
-            let common_loss = common.map(|c| h.set.adapter_loss(model, c)).transpose()?;
-            let line = serde_json::json!({"common_lora": common_loss, "users": h.set.users.len(), "tokens": h.set.tokens()});
-            std::fs::write(&h.path, format!("{line}\n"))?;
-            h.record(model, fresh, step)?;
-        }
-        Ok(h)
-    }
-
-    fn record(&self, model: &DecoderGraph, net: &HyperNet, step: u64) -> hexlora::Result<()> {
-        use std::io::Write;
-        let loss = self.set.hypernet_loss(model, net)?;
-        if self.best.get().is_none_or(|b| loss < b) {
-            keep_network(net, &self.best_dir, "best.json", step, loss)?;
-            self.best.set(Some(loss));
-        }
-        if self.keep_every {
-            let dir = self.best_dir.with_file_name(format!("hypernet-step{step}"));
-            keep_network(net, &dir, "checkpoint.json", step, loss)?;
-        }
-        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| hexlora::Error::io(&self.path, e))?;
-        writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| hexlora::Error::io(&self.path, e))?;
-        eprintln!("held-out loss at step {step}: {loss:.4}");
-        Ok(())
-    }
-}
-
-/// Where the dev-chosen network is kept, beside `hypernet/` (the last step's).
-const BEST_DIR: &str = "hypernet-best";
-
-/// Replaces `dir` with `net` at `step` (and `info`: its step and
-/// held-out loss): written whole into a sibling directory first, so a crash
-/// leaves the previous network or the new one.
-fn keep_network(net: &HyperNet, dir: &Path, info: &str, step: u64, loss: f64) -> hexlora::Result<()> {
-    let tmp = dir.with_extension("tmp");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| hexlora::Error::io(&tmp, e))?;
-    }
-    net.save(&tmp)?;
-    let json = serde_json::json!({"step": step, "heldout_loss": loss});
-    hexlora::train::atomic_write::write_atomic(&tmp.join(info), format!("{json}\n").as_bytes())?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| hexlora::Error::io(dir, e))?;
-    }
-    std::fs::rename(&tmp, dir).map_err(|e| hexlora::Error::io(dir, e))
-}
-
-/// The held-out loss of the kept best network on resume (a crash between
-/// the two steps of [`keep_network`] leaves it complete in the sibling).
-fn best_so_far(best_dir: &Path) -> hexlora::Result<Option<f64>> {
-    let tmp = best_dir.with_extension("tmp");
-    if !best_dir.exists() && tmp.join("best.json").exists() {
-        std::fs::rename(&tmp, best_dir).map_err(|e| hexlora::Error::io(best_dir, e))?;
-    }
-    let path = best_dir.join("best.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| hexlora::Error::invalid(path.display().to_string(), e.to_string()))?;
-    Ok(v["heldout_loss"].as_f64())
 }
 
 #[cfg(test)]

@@ -9,10 +9,10 @@ pub fn run() -> anyhow::Result<()> {
     println!("target: {}-{}", std::env::consts::ARCH, std::env::consts::OS);
     println!("cpu features: {}", features().join(" "));
     println!("frozen products, bf16 weights: {}", Kernel::detect().name());
-    println!("frozen products, f32 weights: {}", hexlora::model::cpu_projection::f32_products_name());
+    println!("frozen products, f32 weights: {}", hexlora::ops::cpu_projection::f32_products_name());
     println!(
         "decoding's products (up to {} rows, straight from Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks or f32): {} lanes",
-        hexlora::model::cpu_projection::FEW_TOKENS,
+        hexlora::ops::cpu_projection::FEW_TOKENS,
         hexlora::ops::quant_matvec::Build::detect().name()
     );
     println!("LoRA branch and attention products: {} tiles", unpacked_tiles_name());

@@ -11,7 +11,6 @@ mod train;
 mod eval;
 mod export_gguf;
 mod generate;
-mod outputs;
 mod report;
 mod rouge;
 mod serve;

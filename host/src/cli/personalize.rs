@@ -1,13 +1,10 @@
 //! `hexlora personalize`: the nightly job ([`NightlyJob`]) on the command
 //! line. Prints what was planned, trains (rerun the same command to resume
 //! after a stop), prints the report.
-use super::args::{Device, OptimDefaults, TrainingArgs};
-use hexlora::npu::PrecisionPolicy;
+use super::args::{Device, DspArgs, OptimDefaults, TrainingArgs};
 use hexlora::runtime::energy::EnergyRoots;
 use hexlora::runtime::nightly::NightlyJob;
 use hexlora::runtime::pacing::{PacingConfig, ThermalSource};
-use hexlora::runtime::plan_cache;
-use hexlora::runtime::planner::Buckets;
 use hexlora::runtime::signals::StopRequest;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,24 +25,8 @@ pub struct Args {
     /// or a plot from elsewhere).
     #[arg(long)]
     force: bool,
-    /// Where frozen products run.
-    #[arg(long, value_enum, alias = "transport", default_value = "dsp")]
-    device: Device,
-    /// Resident precision: `default` (recurrent f16, attention and MLP
-    /// q8_0), `f16`, `q8_0`, or overrides like `attention=f16`.
-    #[arg(long, default_value = "default")]
-    precision: String,
-    /// Token buckets the planner validates (token counts are padded up).
-    #[arg(long, default_value = "32,64,128,256,512")]
-    buckets: String,
-    /// Where validated routes are remembered between runs (default
-    /// `$XDG_CACHE_HOME/hexlora` or `~/.cache/hexlora`). A cached
-    /// projection is still canary-probed at the smallest bucket.
-    #[arg(long)]
-    plan_cache: Option<PathBuf>,
-    /// Probe every route and leave the plan cache alone.
-    #[arg(long)]
-    no_plan_cache: bool,
+    #[command(flatten)]
+    dsp: DspArgs,
     /// Battery temperature file, tenths of a degree C.
     #[arg(long)]
     battery_temp: Option<PathBuf>,
@@ -100,10 +81,10 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
     // Its schedule's length is set by `prepare`, once the examples are counted.
     let train = args.training.config(0, &DEFAULTS);
     Ok(NightlyJob {
-        policy: PrecisionPolicy::parse(&args.precision)?,
-        buckets: Buckets::parse(&args.buckets)?,
-        plan_cache: if args.no_plan_cache { None } else { args.plan_cache.clone().or_else(plan_cache::default_dir) },
-        transport: args.device.transport(),
+        policy: args.dsp.policy()?,
+        buckets: args.dsp.buckets()?,
+        plan_cache: args.dsp.plan_cache_dir(),
+        transport: args.dsp.device.transport(),
         steps: args.training.optim.steps,
         pacing: pacing_config(&args),
         energy: EnergyRoots { powercap: args.powercap_root, power_supply: args.power_supply_root },
@@ -123,23 +104,12 @@ fn job(args: Args) -> anyhow::Result<NightlyJob> {
 /// Runs `hexlora personalize`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::install()?;
-    if args.device == Device::Cpu {
-        super::args::warn_ignored(
-            "--device cpu runs every frozen product on the CPU, in f32",
-            &[
-                ("--precision", args.precision != super::args::DEFAULT_PRECISION),
-                ("--buckets", args.buckets != super::args::DEFAULT_BUCKETS),
-                ("--plan-cache", args.plan_cache.is_some()),
-                ("--no-plan-cache", args.no_plan_cache),
-                ("--no-overlap", args.no_overlap),
-            ],
-        );
+    if args.dsp.device == Device::Cpu {
+        let mut given = args.dsp.dsp_only().to_vec();
+        given.push(("--no-overlap", args.no_overlap));
+        super::args::warn_ignored("--device cpu runs every frozen product on the CPU, in f32", &given);
     }
     let model = args.training.data.model.clone();
-    let d = &args.training.data;
-    let mut inputs = vec![("--model", d.model.as_path()), ("--data", d.data.as_path())];
-    inputs.extend(args.init_adapter.as_deref().map(|p| ("--init-adapter", p)));
-    super::outputs::check_run_outputs(&args.out, hexlora::train::learner::ADAPTER_RUN_OUTPUTS, &inputs)?;
     let prepared = match job(args)?.prepare() {
         Err(hexlora::Error::Stopped(signal)) => {
             // Nothing trained, nothing to commit: a clean exit, as after a

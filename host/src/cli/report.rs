@@ -18,6 +18,9 @@ pub struct Args {
     /// Output directory for report.md and the PNGs.
     #[arg(long)]
     out: PathBuf,
+    /// Replace a report.md (and its PNGs) that already exists in --out.
+    #[arg(long)]
+    force: bool,
 }
 
 fn parse_named(s: &str) -> Result<(String, PathBuf), String> {
@@ -28,6 +31,9 @@ fn parse_named(s: &str) -> Result<(String, PathBuf), String> {
 /// Reads every result and writes the report.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let results = args.results.iter().map(|p| RunResult::read(p)).collect::<hexlora::Result<Vec<_>>>()?;
+    let mut inputs: Vec<(&str, &std::path::Path)> = args.results.iter().map(|p| ("result", p.as_path())).collect();
+    inputs.extend(args.metrics.iter().map(|(_, p)| ("--metrics", p.as_path())));
+    hexlora::base::outputs::check_output(&args.out.join("report.md"), &inputs, args.force)?;
     let path = write_report(&args.out, &results, Some(&args.baseline), &args.metrics)?;
     println!("{}", path.display());
     Ok(())

@@ -1,14 +1,11 @@
 //! `hexlora serve`: an OpenAI-compatible HTTP server answering with the
 //! base model or a user's LoRA adapter (see [`hexlora::serve`]).
-use super::args::{positive, usize_in, Device};
+use super::args::{positive, usize_in, Device, DspArgs};
 use hexlora::lora::LoraConfig;
-use hexlora::npu::PrecisionPolicy;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};
 use hexlora::personal::round::RoundConfig;
 use hexlora::personal::Limits;
-use hexlora::runtime::plan_cache;
-use hexlora::runtime::planner::Buckets;
 use hexlora::serve::learn::LearnConfig;
 use hexlora::serve::LearnSetup;
 use hexlora::train::trainer::TrainConfig;
@@ -90,36 +87,22 @@ struct LearnArgs {
     /// LoRA alpha of a user created fresh, finite and > 0.
     #[arg(long, default_value_t = 16.0, value_parser = positive, requires = "learn")]
     learn_alpha: f32,
-    /// Where the learner's frozen products run (as for `personalize`).
-    #[arg(long, value_enum, default_value = "dsp", requires = "learn")]
-    device: Device,
-    /// Resident precision on the DSP: `default`, `f16`, `q8_0`, or overrides like `attention=f16`.
-    #[arg(long, default_value = "default", requires = "learn")]
-    precision: String,
-    /// Token buckets the planner validates.
-    #[arg(long, default_value = "32,64,128,256,512", requires = "learn")]
-    buckets: String,
-    /// Where validated routes are remembered between runs (default as for `personalize`).
-    #[arg(long, requires = "learn")]
-    plan_cache: Option<PathBuf>,
-    /// Probe every route and leave the plan cache alone.
-    #[arg(long, requires = "learn")]
-    no_plan_cache: bool,
+    /// Where the learner's frozen products run, as for `personalize`
+    /// (without `--learn` these are ignored, with a warning).
+    #[command(flatten)]
+    dsp: DspArgs,
 }
 
 impl LearnArgs {
     fn setup(&self, model: &std::path::Path) -> anyhow::Result<Option<LearnSetup>> {
-        let Some(dir) = &self.learn else { return Ok(None) };
-        if self.device == Device::Cpu {
-            super::args::warn_ignored(
-                "--device cpu runs the learner's frozen products on the CPU",
-                &[
-                    ("--precision", self.precision != super::args::DEFAULT_PRECISION),
-                    ("--buckets", self.buckets != super::args::DEFAULT_BUCKETS),
-                    ("--plan-cache", self.plan_cache.is_some()),
-                    ("--no-plan-cache", self.no_plan_cache),
-                ],
-            );
+        let Some(dir) = &self.learn else {
+            let mut given = self.dsp.dsp_only().to_vec();
+            given.push(("--device", self.dsp.device != Device::Dsp));
+            super::args::warn_ignored("without --learn nothing trains (answers run on the CPU)", &given);
+            return Ok(None);
+        };
+        if self.dsp.device == Device::Cpu {
+            super::args::warn_ignored("--device cpu runs the learner's frozen products on the CPU", &self.dsp.dsp_only());
         }
         let lora = LoraConfig {
             r: self.learn_rank,
@@ -148,10 +131,10 @@ impl LearnArgs {
         };
         Ok(Some(LearnSetup {
             config,
-            transport: self.device.transport(),
-            policy: PrecisionPolicy::parse(&self.precision)?,
-            buckets: Buckets::parse(&self.buckets)?,
-            plan_cache: if self.no_plan_cache { None } else { self.plan_cache.clone().or_else(plan_cache::default_dir) },
+            transport: self.dsp.device.transport(),
+            policy: self.dsp.policy()?,
+            buckets: self.dsp.buckets()?,
+            plan_cache: self.dsp.plan_cache_dir(),
         }))
     }
 }

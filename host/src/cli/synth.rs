@@ -1,7 +1,7 @@
 //! `hexlora synth`: stage 2, on device. One forward pass of the
 //! hypernetwork turns a user's example pairs into a PEFT adapter; the
 //! hypernetwork files are not needed afterwards.
-use hexlora::hyper::users::{load_pairs, render_context};
+use hexlora::hyper::users::{load_pairs, render_context_fitted};
 use hexlora::hyper::HyperNet;
 use hexlora::lora::peft::{CONFIG_FILE, WEIGHTS_FILE};
 use hexlora::train::learner::claim_out_dir;
@@ -53,16 +53,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let pairs = load_pairs(&args.context)?;
     let mut inputs = vec![("--hypernet", args.hypernet.as_path()), ("--context", args.context.as_path())];
     inputs.push(("--model", model_path.as_path()));
-    super::outputs::check_run_outputs(&args.out, &[CONFIG_FILE, WEIGHTS_FILE], &inputs)?;
-    claim_out_dir(&args.out, &[CONFIG_FILE, WEIGHTS_FILE], args.force)?;
+    claim_out_dir(&args.out, &[CONFIG_FILE, WEIGHTS_FILE], &inputs, args.force)?;
     let loaded = start.elapsed().as_secs_f64();
     let synth_start = Instant::now();
     let refs: Vec<_> = pairs.iter().collect();
-    let context = render_context(&text, &net.config, &refs)?;
+    let (context, fitted) = render_context_fitted(&text, &net.config, &refs)?;
     let adapter = net.synthesize(&model, &context)?;
     let synth = synth_start.elapsed().as_secs_f64();
     adapter.save(&args.out)?;
-    println!("synthesized {} LoRA modules (rank {}) from {} examples / {} context tokens -> {}", adapter.modules.len(), adapter.config.r, pairs.len(), context.len(), args.out.display());
+    let cut = if fitted.cut { " and part of one more" } else { "" };
+    println!(
+        "synthesized {} LoRA modules (rank {}) from {} of {} examples{cut} ({} context tokens, the budget {}) -> {}",
+        adapter.modules.len(),
+        adapter.config.r,
+        fitted.whole,
+        pairs.len(),
+        context.len(),
+        net.config.context_tokens,
+        args.out.display()
+    );
     println!("synth seconds: {synth:.3} (loading {loaded:.3})");
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS MiB: {rss:.0}");

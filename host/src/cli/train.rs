@@ -3,11 +3,11 @@
 use super::args::{choices, positive, OptimDefaults, TrainingArgs, FROZEN_DTYPES};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::checkpoint::Checkpoint;
-use hexlora::model::cpu_projection::FrozenDtype;
+use hexlora::ops::cpu_projection::FrozenDtype;
 use hexlora::optim::mezo::Mezo;
 use hexlora::train::commit::{StepRecord, TrainState};
 use hexlora::train::data::{load_jsonl, Bounds, Encoder};
-use hexlora::train::graph::{Batch, TrainableModel};
+use hexlora::autograd::graph::{Batch, TrainableModel};
 use hexlora::train::grad::evaluate;
 use hexlora::train::learner::{claim_out_dir, AfterStep, ADAPTER_RUN_OUTPUTS};
 use hexlora::train::mezo_loop::{self, train_mezo, MezoConfig, MezoState};
@@ -133,8 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut inputs = vec![("--model", d.model.as_path()), ("--data", d.data.as_path())];
     inputs.extend(args.init_adapter.as_deref().map(|p| ("--init-adapter", p)));
     inputs.extend(args.eval_data.as_deref().map(|p| ("--eval-data", p)));
-    super::outputs::check_run_outputs(&args.out, ADAPTER_RUN_OUTPUTS, &inputs)?;
-    claim_out_dir(&args.out, ADAPTER_RUN_OUTPUTS, args.force)?;
+    claim_out_dir(&args.out, ADAPTER_RUN_OUTPUTS, &inputs, args.force)?;
     let before = match &o.eval {
         Some(e) => {
             let start = match &o.init {

@@ -14,7 +14,7 @@ use super::method::{Decoding, Method, UserPrep};
 use super::model_runtime::{EvalModel, LabelScore};
 use super::rouge::Rouge;
 use super::task::{TaskKind, TaskSpec};
-use crate::autograd::counter_rng;
+use crate::base::counter_rng;
 use crate::lora::{Adapter, LoraConfig};
 use crate::model::chat::Message;
 use crate::model::checkpoint::Checkpoint;
@@ -26,12 +26,11 @@ use crate::runtime::split_model::{load_split, DspSide, SplitModel};
 use crate::optim::mezo::Mezo;
 use crate::optim::schedule::{Decay, Schedule};
 use crate::train::grad::evaluate;
-use crate::train::graph::{Batch, TrainableModel};
-use crate::tensor::Tensor;
+use crate::autograd::graph::{Batch, TrainableModel};
 use crate::train::commit::StepRecord;
 use crate::train::learner::{self, Learner};
-use crate::train::mezo_loop::MezoState;
-use crate::train::trainer::{commit_start, example_index, train, RunOptions, TrainConfig};
+use crate::train::mezo_loop::{mezo_step, MezoConfig, MezoState};
+use crate::train::trainer::{commit_start, train, RunOptions, TrainConfig};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -342,35 +341,29 @@ impl ModelMethod {
     }
 
     /// MeZO from the common LoRA over the same example stream as backprop,
-    /// one example a step, run by the training loop into `dir`.
+    /// one example a step, run by the training loop into `dir` with the
+    /// training loop's step ([`mezo_step`]).
     fn mezo(&self, data: &[Batch], steps: u64, seed: u64, dir: &Path) -> Result<(Adapter, UserPrep)> {
         let start = Instant::now();
         fresh_dir(dir)?;
-        let opt = Mezo { eps: self.cfg.mezo_eps, weight_decay: 0.0 };
-        let schedule = Schedule { lr: self.cfg.mezo_lr, warmup: 0, total: steps, decay: Decay::Cosine };
         let adapter = self.common_adapter()?.clone();
+        let config = MezoConfig {
+            train: TrainConfig {
+                lora: adapter.config.clone(),
+                adamw: AdamWConfig::default(),
+                schedule: Schedule { lr: self.cfg.mezo_lr, warmup: 0, total: steps, decay: Decay::Cosine },
+                grad_accum: 1,
+                max_grad_norm: None,
+                seed,
+                activation_cap: None,
+                head_chunk: 64,
+            },
+            mezo: Mezo { eps: self.cfg.mezo_eps, weight_decay: 0.0 },
+        };
         let state = MezoState { adapter, step: 0, cursor: 0, history: Vec::new(), fingerprint: format!("eval mezo {seed:016x}") };
         let learner = Learner { out: dir, total: steps, title: "per-user MeZO loss" };
-        let state = learner.run(state, learner::RunOptions::quiet(), |s| self.mezo_step(data, &opt, &schedule, seed, s))?;
+        let state = learner.run(state, learner::RunOptions::quiet(), |s| mezo_step(&self.model.graph, data, &config, s))?;
         Ok((state.adapter, prep_of(&state.history, start)))
-    }
-
-    /// One MeZO step on the `step`-th example of the seeded stream; the
-    /// loss is [`evaluate`]'s mean token loss under the perturbed factors.
-    fn mezo_step(&self, data: &[Batch], opt: &Mezo, schedule: &Schedule, seed: u64, state: &mut MezoState) -> Result<StepRecord> {
-        let start = Instant::now();
-        let step = state.step;
-        let batch = &data[example_index(seed, step, data.len())];
-        let mut params: Vec<Tensor> = state.adapter.modules.iter().flat_map(|m| [m.a.clone(), m.b.clone()]).collect();
-        let template = &state.adapter;
-        let loss = |p: &[Tensor]| evaluate(&self.model.graph, &with_factors(template, p), std::slice::from_ref(batch));
-        let lr = schedule.lr_at(step);
-        let measured = opt.step_measured(&mut params, counter_rng::derive(seed, step), lr, loss)?;
-        state.adapter = with_factors(&state.adapter, &params);
-        state.step += 1;
-        state.cursor += 1;
-        let tokens = 2 * batch.input_ids[0].len() as u64;
-        Ok(StepRecord { step: state.step, loss: measured.loss, lr, grad_norm: measured.projected_grad.abs(), tokens, seconds: start.elapsed().as_secs_f64() })
     }
 
     /// Routes `user-lora`'s training graph through the split runtime once:
@@ -412,16 +405,6 @@ impl ModelMethod {
         let safe: String = user.id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
         self.cfg.work_dir.join(self.name()).join(safe)
     }
-}
-
-/// `template` with its factors replaced by `params` (`[A0, B0, A1, ...]`).
-fn with_factors(template: &Adapter, params: &[Tensor]) -> Adapter {
-    let mut a = template.clone();
-    for (m, pair) in a.modules.iter_mut().zip(params.chunks_exact(2)) {
-        m.a = pair[0].clone();
-        m.b = pair[1].clone();
-    }
-    a
 }
 
 /// A user's preparation figures from the run's step records.
@@ -567,7 +550,7 @@ impl Method for ModelMethod {
 #[cfg(test)]
 mod tests {
     use super::{hold_out, pick, HELD_OUT};
-    use crate::train::graph::Batch;
+    use crate::autograd::graph::Batch;
 
     #[test]
     fn hold_out_keeps_every_example_once_and_caps_the_held_set() {

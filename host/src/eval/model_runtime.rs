@@ -13,7 +13,7 @@ use crate::model::source::{RawTensor, TensorSource};
 use crate::model::tokenizer::Tokenizer;
 use crate::projection::ProjectionInfo;
 use crate::model::llama::DecoderGraph;
-use crate::train::graph::Batch;
+use crate::autograd::graph::Batch;
 use crate::{Error, Result};
 use std::cell::RefCell;
 use std::path::Path;
@@ -58,7 +58,7 @@ impl EvalModel {
         // Each frozen weight is dequantized once and shared by both models.
         let shared = SharedProjections::new(&cpu_projection);
         let get = |info: ProjectionInfo, raw: &RawTensor<'_>| shared.get(info, raw);
-        let graph = DecoderGraph::load_with(src, cfg.clone(), &get, crate::model::cpu_projection::FrozenDtype::F32)?;
+        let graph = DecoderGraph::load_with(src, cfg.clone(), &get, crate::ops::cpu_projection::FrozenDtype::F32)?;
         let slots = RefCell::new(AdapterSlots::default());
         let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(get(info, raw)?));
         let model = Model::load(cfg, src, &wrap)?;

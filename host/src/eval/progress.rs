@@ -32,13 +32,15 @@ pub struct Progress {
     path: PathBuf,
     fingerprint: String,
     done: HashMap<String, (Vec<UserResult>, Vec<f64>)>,
+    /// Users the file holds: those read at resume and those recorded since.
+    in_file: usize,
 }
 
 impl Progress {
     /// A new progress file at `path` (an old one is replaced).
     pub fn start(path: &Path, fingerprint: String) -> Result<Self> {
         std::fs::write(path, b"").map_err(|e| Error::io(path, e))?;
-        Ok(Progress { path: path.to_path_buf(), fingerprint, done: HashMap::new() })
+        Ok(Progress { path: path.to_path_buf(), fingerprint, done: HashMap::new(), in_file: 0 })
     }
 
     /// The users `path` records as done; every line must carry `fingerprint`.
@@ -61,12 +63,19 @@ impl Progress {
             }
             done.insert(line.user, (line.results, line.seconds));
         }
-        Ok(Progress { path: path.to_path_buf(), fingerprint, done })
+        let in_file = done.len();
+        Ok(Progress { path: path.to_path_buf(), fingerprint, done, in_file })
     }
 
-    /// Users already done.
+    /// Users done before this run and not yet taken up by it.
     pub fn len(&self) -> usize {
         self.done.len()
+    }
+
+    /// Users the file holds: every user finished so far, in this run or
+    /// before it (what a stop reports).
+    pub fn finished(&self) -> usize {
+        self.in_file
     }
 
     /// Whether no user is done yet.
@@ -90,7 +99,9 @@ impl Progress {
         let mut text = serde_json::to_string(&line).map_err(|e| Error::format(&self.path.display().to_string(), e.to_string()))?;
         text.push('\n');
         let mut f = std::fs::OpenOptions::new().append(true).open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        f.write_all(text.as_bytes()).and_then(|_| f.sync_data()).map_err(|e| Error::io(&self.path, e))
+        f.write_all(text.as_bytes()).and_then(|_| f.sync_data()).map_err(|e| Error::io(&self.path, e))?;
+        self.in_file += 1;
+        Ok(())
     }
 
     /// The file, for messages.

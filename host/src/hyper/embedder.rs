@@ -13,11 +13,12 @@
 //! ([`Context::pooled`]). The pooling and normalisation sit outside the tape
 //! as a forward/backward pair; their gradient seeds the tape at `H`.
 use super::users::Context;
-use crate::autograd::{counter_rng, Tape, Var};
+use crate::base::counter_rng;
+use crate::autograd::{Tape, Var};
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
 use crate::model::llama::DecoderGraph;
-use crate::train::graph::LoraVars;
+use crate::autograd::graph::LoraVars;
 use crate::{Error, Result};
 
 /// Keeps the embedding finite for an all-zero mean.

@@ -15,7 +15,7 @@ use crate::autograd::Tape;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
 use crate::model::llama::DecoderGraph;
-use crate::train::graph::LoraVars;
+use crate::autograd::graph::LoraVars;
 use crate::{Error, Result};
 use std::collections::HashMap;
 

@@ -33,7 +33,7 @@
 //! made the LoRAs differ by blowing up coefficients no user moves
 //! (docs/RESULTS.md).
 use super::config::HeadVariant;
-use crate::autograd::counter_rng;
+use crate::base::counter_rng;
 use crate::lora::{Adapter, LoraConfig, LoraModule};
 use crate::projection::ProjectionInfo;
 use crate::tensor::Tensor;

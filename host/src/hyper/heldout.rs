@@ -10,7 +10,7 @@ use crate::lora::Adapter;
 use crate::train::data::Encoder;
 use crate::model::llama::DecoderGraph;
 use crate::train::grad::evaluate;
-use crate::train::graph::Batch;
+use crate::autograd::graph::Batch;
 use crate::Result;
 
 /// The fixed held-out examples of a set of users.
@@ -27,7 +27,7 @@ impl HeldOutSet {
         let users = users
             .iter()
             .enumerate()
-            .map(|(i, u)| sample_user(enc, cfg, u, crate::autograd::counter_rng::derive(seed, i as u64), targets, max_len))
+            .map(|(i, u)| sample_user(enc, cfg, u, crate::base::counter_rng::derive(seed, i as u64), targets, max_len))
             .collect::<Result<_>>()?;
         Ok(HeldOutSet { users })
     }

@@ -7,13 +7,13 @@ use super::embedder::embed_forward;
 use super::users::Context;
 use super::heads::Heads;
 use crate::lora::peft::peft_key;
-use crate::lora::tensor_file::TensorFile;
+use crate::base::tensor_file::TensorFile;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
-use crate::train::atomic_write::write_atomic;
+use crate::base::atomic_write::write_atomic;
 use crate::model::llama::DecoderGraph;
-use crate::train::graph::TrainableModel;
-use crate::autograd::counter_rng;
+use crate::autograd::graph::TrainableModel;
+use crate::base::counter_rng;
 use crate::{Error, Result};
 use std::path::Path;
 

@@ -10,8 +10,10 @@
 //! - [`users`]: benchmark splits / JSONL -> example pairs -> context and target token ids;
 //! - [`heldout`]: loss of synthesized LoRAs on held-out users;
 //! - [`commit`], [`trainer`]: `hexlora hypertrain` (commits, resume);
+//! - [`checkpoints`]: the held-out check and the networks it keeps, a step hook;
 //! - [`eval_method`]: the `hypernet` method of `hexlora eval`.
 pub mod commit;
+pub mod checkpoints;
 pub mod config;
 pub mod distill;
 pub mod embedder;

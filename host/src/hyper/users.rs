@@ -11,7 +11,7 @@
 //! (`--data`). `--context` for `hexlora synth` is JSONL of `{"query", "response"}`.
 use super::config::{HyperConfig, Pool};
 use super::end_to_end::{Example, UserBatch};
-use crate::autograd::counter_rng;
+use crate::base::counter_rng;
 use crate::eval::dataset::{Split, User};
 use crate::eval::model_methods::item_prompt;
 use crate::eval::task::TaskSpec;
@@ -153,6 +153,12 @@ impl Context {
 /// and after each response is encoded apart, so the pooled tokens are
 /// exactly the response's.
 pub fn render_context(enc: &dyn Encoder, cfg: &HyperConfig, pairs: &[&Pair]) -> Result<Context> {
+    Ok(render_context_fitted(enc, cfg, pairs)?.0)
+}
+
+/// [`render_context`] and how many of `pairs` the context holds (what
+/// `hexlora synth` reports).
+pub fn render_context_fitted(enc: &dyn Encoder, cfg: &HyperConfig, pairs: &[&Pair]) -> Result<(Context, Fitted)> {
     let budget = cfg.context_tokens;
     let query = |q: &str| match cfg.context_query_chars {
         Some(n) => tail(q, n),
@@ -161,15 +167,29 @@ pub fn render_context(enc: &dyn Encoder, cfg: &HyperConfig, pairs: &[&Pair]) -> 
     let cut: Vec<Pair> = pairs.iter().map(|p| Pair { query: query(&p.query), response: p.response.clone() }).collect();
     let refs: Vec<&Pair> = cut.iter().collect();
     match cfg.pool {
-        Pool::Mean => Ok(Context::all(render_prefix(enc, &cfg.template, &refs, budget)?)),
+        Pool::Mean => {
+            let (ids, fitted) = prefix_fitted(enc, &cfg.template, &refs, budget)?;
+            Ok((Context::all(ids), fitted))
+        }
         Pool::Responses => render_marked(enc, &cfg.template, &refs, budget),
     }
 }
 
+/// How many of the pairs a context built from them holds: `whole` of them
+/// entirely, and when `cut` one more whose rendering the budget cut; the
+/// rest did not fit at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fitted {
+    /// Pairs inside the budget entirely.
+    pub whole: usize,
+    /// Whether the pair after them was cut at the budget.
+    pub cut: bool,
+}
+
 /// `template` split around `{response}` and each piece encoded apart.
-fn render_marked(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usize) -> Result<Context> {
+fn render_marked(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usize) -> Result<(Context, Fitted)> {
     let (before, after) = template.split_once("{response}").ok_or_else(|| Error::invalid("template", "must contain {response}"))?;
-    let (mut ids, mut pooled) = (Vec::new(), Vec::new());
+    let (mut ids, mut pooled, mut whole) = (Vec::new(), Vec::new(), 0);
     for p in pairs {
         if ids.len() >= budget {
             break;
@@ -179,25 +199,34 @@ fn render_marked(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usi
             pooled.extend(std::iter::repeat_n(mark, t.len()));
             ids.extend(t);
         }
+        whole += usize::from(ids.len() <= budget);
     }
+    let cut = ids.len() > budget;
     ids.truncate(budget);
     pooled.truncate(budget);
-    Ok(Context { ids, pooled: Some(pooled) })
+    Ok((Context { ids, pooled: Some(pooled) }, Fitted { whole, cut }))
 }
 
 /// Token ids of `pairs` rendered with `template`, concatenated, cut at
 /// `budget` tokens (the hypernetwork's all-token context and the ICL
 /// teacher's prefix).
 pub fn render_prefix(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usize) -> Result<Vec<u32>> {
-    let mut ids = Vec::new();
+    Ok(prefix_fitted(enc, template, pairs, budget)?.0)
+}
+
+/// [`render_prefix`] and how many of `pairs` it holds.
+fn prefix_fitted(enc: &dyn Encoder, template: &str, pairs: &[&Pair], budget: usize) -> Result<(Vec<u32>, Fitted)> {
+    let (mut ids, mut whole) = (Vec::new(), 0);
     for p in pairs {
         if ids.len() >= budget {
             break;
         }
         ids.extend(enc.encode(&template.replace("{query}", &p.query).replace("{response}", &p.response))?);
+        whole += usize::from(ids.len() <= budget);
     }
+    let cut = ids.len() > budget;
     ids.truncate(budget);
-    Ok(ids)
+    Ok((ids, Fitted { whole, cut }))
 }
 
 /// The last `max` characters of `text`.

@@ -8,7 +8,7 @@
 //! Rows of the outputs are split over rayon in blocks of whole tiles; each
 //! output element is summed in one fixed order whatever the split, so
 //! results do not depend on the thread count.
-use crate::autograd::counter_rng;
+use crate::base::counter_rng;
 use crate::ops::matmul::{matmul_unpacked, matmul_unpacked_columns, TILE_ROWS};
 use crate::ops::SharedMut;
 use rayon::prelude::*;

@@ -4,11 +4,11 @@
 //! (`[out, r]`), where `<module>` is the projection's checkpoint name
 //! (`model.layers.3.self_attn.q_proj`).
 use super::config::LoraConfig;
-use super::tensor_file::TensorFile;
-use crate::autograd::counter_rng;
+use crate::base::tensor_file::TensorFile;
+use crate::base::counter_rng;
 use crate::projection::ProjectionInfo;
 use crate::tensor::Tensor;
-use crate::train::atomic_write::write_atomic;
+use crate::base::atomic_write::write_atomic;
 use crate::{Error, Result};
 use std::path::Path;
 
@@ -100,7 +100,7 @@ impl Adapter {
     /// both forms are accepted.
     pub fn from_tensor_file(config: LoraConfig, file: &TensorFile, what: &str) -> Result<Adapter> {
         for (key, t) in &file.tensors {
-            super::tensor_file::check_finite(key, t, what)?;
+            crate::base::tensor_file::check_finite(key, t, what)?;
         }
         let mut modules = Vec::new();
         for (key, a) in &file.tensors {
@@ -128,20 +128,6 @@ impl Adapter {
         let mut ad = Adapter { config, modules };
         ad.sort_modules();
         Ok(ad)
-    }
-
-    /// Opens an adapter for a model of shape `model`: a PEFT directory, or
-    /// a llama.cpp LoRA `.gguf` file ([`super::gguf_adapter`]).
-    pub fn open(path: &Path, model: &crate::model::config::ModelConfig) -> Result<Adapter> {
-        if path.is_dir() {
-            Self::load(path)
-        } else if path.extension().is_some_and(|e| e == "gguf") {
-            super::gguf_adapter::import(path, model)
-        } else if path.exists() {
-            Err(Error::invalid(path.display().to_string(), "not a PEFT adapter directory or a .gguf LoRA file"))
-        } else {
-            Err(Error::io(path, std::io::Error::from_raw_os_error(libc::ENOENT)))
-        }
     }
 
     /// Checks that every module names one of `projections` with factors of

@@ -118,7 +118,7 @@ impl AdapterSlots {
 mod tests {
     use super::*;
     use crate::lora::{LoraConfig, LoraModule};
-    use crate::model::cpu_projection::CpuProjection;
+    use crate::ops::cpu_projection::CpuProjection;
     use crate::projection::ProjectionKind;
     use crate::tensor::Tensor;
 

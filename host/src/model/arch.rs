@@ -4,13 +4,15 @@
 //! (Qwen3.5's GDN block, Qwen3.5's and Gemma 3's GGUF conventions), over the shared blocks
 //! ([`crate::model::blocks`]) and the shared inference decoder
 //! ([`crate::model::decoder`]). Adding one means adding a folder, an
-//! [`Architecture`] implementation and an arm in [`of`].
+//! [`Architecture`] implementation and an arm in [`of`] (and, for its GGUF
+//! files, in [`gguf_conventions`]).
 use super::checkpoint::Checkpoint;
 use super::config::{Arch, ModelConfig};
-use super::cpu_projection::FrozenDtype;
+use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
+use super::gguf::{Conventions, Plain, RefusedTensors};
 use super::{gemma3, llama, qwen35};
-use crate::train::graph::TrainableModel;
+use crate::autograd::graph::TrainableModel;
 use crate::Result;
 
 /// What each architecture supplies.
@@ -23,6 +25,19 @@ pub trait Architecture: Sync {
     /// `tables` is the precision of embeddings and head, `unfused` records
     /// each adapted projection and its LoRA branch as two nodes.
     fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, tables: FrozenDtype, unfused: bool) -> Result<Box<dyn TrainableModel>>;
+}
+
+/// How GGUF files of `general.architecture` = `name` differ from Hugging
+/// Face convention (the GGUF reader asks; it names no architecture).
+/// `qwen3next` files open, but their fused tensors are refused.
+pub fn gguf_conventions(name: &str) -> &'static dyn Conventions {
+    match name {
+        "llama" => &llama::gguf::LlamaGguf,
+        "qwen35" => &qwen35::gguf::Qwen35Gguf,
+        "gemma3" => &gemma3::gguf::Gemma3Gguf,
+        "qwen3next" => &RefusedTensors,
+        _ => &Plain,
+    }
 }
 
 /// The architecture of a checkpoint with configuration `cfg`.

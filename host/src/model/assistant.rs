@@ -7,7 +7,7 @@ use crate::lora::slots::{AdapterSlots, PreparedAdapter};
 use crate::lora::Adapter;
 use crate::model::chat::{ChatTemplate, Message};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::cpu_projection::inference_projection;
+use crate::ops::cpu_projection::inference_projection;
 use crate::model::decoder::{Model, ProjectionFactory};
 use crate::model::generate::{decode_while, prefill, Sampling};
 use crate::model::source::RawTensor;

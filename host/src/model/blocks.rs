@@ -179,7 +179,7 @@ fn head_norm(x: &mut [f32], weight: &[f32], kind: NormWeight, eps: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::cpu_projection::CpuProjection;
+    use crate::ops::cpu_projection::CpuProjection;
     use crate::projection::{ProjectionInfo, ProjectionKind};
 
     fn projection(out_features: usize, in_features: usize, seed: f32) -> Arc<dyn Projection> {

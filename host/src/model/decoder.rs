@@ -13,7 +13,7 @@
 //! # Ok::<(), hexlora::Error>(())
 //! ```
 use crate::model::config::{Arch, LayerKind, ModelConfig};
-use crate::model::cpu_projection::{inference_projection, CpuProjection};
+use crate::ops::cpu_projection::{inference_projection, CpuProjection};
 use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::blocks::{read_vector, Attention, GateAct, KvCache, Mlp};

@@ -13,27 +13,26 @@
 //!
 //! [`Gguf`] implements [`TensorSource`] in Hugging Face convention: names
 //! are mapped (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`),
-//! dims reversed to `[out, in]`, and for `llama` files the q/k rows that
-//! llama.cpp's converter permuted for its rotary layout are put back in
-//! Hugging Face order (as transformers' GGUF loader does). Tensors without a
+//! dims reversed to `[out, in]`, and what the converter rewrote is put back
+//! in Hugging Face order and values (as transformers' GGUF loader does).
+//! Tensors without a
 //! Hugging Face counterpart (e.g. `rope_freqs.weight`) keep their GGUF name.
-//! For `qwen35` files the converter's other rewrites (value-head order,
-//! `A_log`, norm offsets, conv shape) are undone too, see
-//! [`crate::model::qwen35::gguf`]. For `gemma3` files the norm weights
-//! stored as `1 + w` and the MLP norms' names are undone, see
-//! [`crate::model::gemma3::gguf`]. Files of architecture `qwen3next` open
-//! (metadata and tokenizer are readable) but their tensors are refused.
+//! What an architecture's converter did beyond the common names (its own
+//! tensor names, rotary row order, stored norm offsets, value-head order)
+//! is undone by that architecture's [`Conventions`], in its folder
+//! (`model/<arch>/gguf.rs`), which [`crate::model::arch::gguf_conventions`]
+//! picks by `general.architecture`: this reader names no architecture. An
+//! architecture whose tensors are refused still opens (metadata and
+//! tokenizer stay readable).
 //!
 //! ```no_run
 //! use hexlora::model::{gguf::Gguf, source::TensorSource};
 //! let g = Gguf::open("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
-//! let layers = g.get_u32("llama.block_count")?;
+//! let arch = g.architecture()?;
 //! let vocab: Vec<&str> = g.get_str_array("tokenizer.ggml.tokens")?;
 //! let wq = g.get("model.layers.0.self_attn.q_proj.weight")?.to_f32()?;
 //! # Ok::<(), hexlora::Error>(())
 //! ```
-use crate::model::gemma3::gguf as gemma3;
-use crate::model::qwen35::gguf::{self as qwen35, Rewritten, Undo};
 use crate::model::source::{DType, RawTensor, TensorSource};
 use crate::{Error, Result};
 use memmap2::Mmap;
@@ -240,20 +239,64 @@ pub struct Gguf {
     hf_names: Vec<String>,
     /// Per tensor: how to bring it back to HF convention, and the lazily
     /// built result.
-    rewrites: Vec<Option<(Rewrite, OnceLock<Rewritten>)>>,
+    rewrites: Vec<Option<(Box<dyn Rewrite>, OnceLock<Rewritten>)>>,
     /// An architecture whose tensors the converter rewrote in ways we do not undo.
     refused_arch: Option<String>,
 }
 
-/// A converter rewrite undone on read.
-#[derive(Clone, Copy, Debug)]
-enum Rewrite {
-    /// llama q/k rotary row order, with this many heads.
-    Unpermute(usize),
-    /// Qwen3.5 conventions.
-    Qwen35(Undo),
-    /// Gemma's RMSNorm weight stored as `1 + w`.
-    NormOffset,
+/// How one architecture's GGUF files differ from Hugging Face convention
+/// beyond the common tensor names ([`hf_name`]). Each architecture folder
+/// implements it in its `gguf.rs`; [`crate::model::arch::gguf_conventions`]
+/// picks one by `general.architecture`.
+pub trait Conventions: Sync {
+    /// The HF name (under `model.layers.N.`) of a layer tensor from its
+    /// GGUF name after `blk.N.`, where the architecture names it its own
+    /// way; `None` for the common names.
+    fn layer_name(&self, _rest: &str) -> Option<&'static str> {
+        None
+    }
+
+    /// What tensor `gguf_name` of the model file `gguf` needs undone when
+    /// read, if anything (never asked for a LoRA adapter file).
+    fn rewrite(&self, _gguf: &Gguf, _gguf_name: &str) -> Result<Option<Box<dyn Rewrite>>> {
+        Ok(None)
+    }
+
+    /// Whether this architecture's tensors are refused: the converter
+    /// rewrote them in ways hexlora does not undo.
+    fn refuses_tensors(&self) -> bool {
+        false
+    }
+}
+
+/// The common names only, nothing rewritten.
+pub struct Plain;
+impl Conventions for Plain {}
+
+/// Tensors refused (metadata and tokenizer still readable).
+pub struct RefusedTensors;
+impl Conventions for RefusedTensors {
+    fn refuses_tensors(&self) -> bool {
+        true
+    }
+}
+
+/// One tensor's converter rewrite, undone on read.
+pub trait Rewrite: Send + Sync {
+    /// `stored` (HF name, the file's data, dims reversed) back in HF
+    /// convention; `gguf` for the metadata it depends on.
+    fn apply(&self, gguf: &Gguf, stored: &RawTensor<'_>) -> Result<Rewritten>;
+}
+
+/// A rewritten tensor in HF convention (owned bytes).
+#[derive(Clone, Debug)]
+pub struct Rewritten {
+    /// Storage type (F32 when values changed).
+    pub dtype: DType,
+    /// HF shape.
+    pub shape: Vec<usize>,
+    /// The data.
+    pub bytes: Vec<u8>,
 }
 
 /// What the header, metadata and tensor infos say.
@@ -298,57 +341,30 @@ impl Gguf {
             refused_arch: None,
         };
         let arch = this.architecture().unwrap_or("").to_string();
-        if arch == "qwen3next" {
-            // Fused qkvz / ba projections and experts: handing these out
-            // as-is would be silently wrong. Metadata (and the tokenizer)
-            // stay readable.
-            this.refused_arch = Some(arch.clone());
+        let conventions = crate::model::arch::gguf_conventions(&arch);
+        if conventions.refuses_tensors() {
+            this.refused_arch = Some(arch);
         }
         // A LoRA adapter file names its base's architecture but holds no
-        // head counts; its factors are mapped by `lora::gguf_adapter`.
+        // head counts; its factors are mapped by `model::gguf_adapter`.
         let adapter = this.value("general.type").and_then(Value::as_str) == Some("adapter");
-        let heads = if arch == "llama" && !adapter { Some(this.llama_heads()?) } else { None };
+        let mut rewrites = Vec::with_capacity(this.parsed.tensors.len());
         for (i, t) in this.parsed.tensors.iter().enumerate() {
-            let hf = match arch.as_str() {
-                "qwen35" => qwen35_hf_name(&t.name),
-                "gemma3" => gemma3_hf_name(&t.name),
-                _ => hf_name(&t.name),
-            };
+            let hf = hf_name_with(&t.name, |rest| conventions.layer_name(rest));
             if this.hf_index.insert(hf.clone(), i).is_some() {
                 return Err(Error::format(&this.what, format!("tensor {hf} appears twice")));
             }
             this.hf_names.push(hf);
-            let rewrite = match heads {
-                Some((q, _)) if t.name.ends_with(".attn_q.weight") => Some(Rewrite::Unpermute(q)),
-                Some((_, kv)) if t.name.ends_with(".attn_k.weight") => Some(Rewrite::Unpermute(kv)),
-                _ if arch == "qwen35" && !adapter => qwen35::undo_for(&t.name).map(Rewrite::Qwen35),
-                _ if arch == "gemma3" && !adapter && gemma3::stores_norm_offset(&t.name) => Some(Rewrite::NormOffset),
-                _ => None,
-            };
-            this.rewrites.push(rewrite.map(|r| (r, OnceLock::new())));
+            let rewrite = if adapter { None } else { conventions.rewrite(&this, &t.name)? };
+            rewrites.push(rewrite.map(|r| (r, OnceLock::new())));
         }
+        this.rewrites = rewrites;
         Ok(this)
     }
 
-    fn rewrite(&self, how: Rewrite, t: &TensorInfo, stored: &RawTensor<'_>) -> Result<Rewritten> {
-        match how {
-            Rewrite::Unpermute(n_head) => Ok(Rewritten {
-                dtype: stored.dtype,
-                shape: stored.shape.clone(),
-                bytes: Self::unpermute(t, stored.bytes, n_head, &self.what)?,
-            }),
-            Rewrite::Qwen35(undo) => qwen35::apply(undo, stored, qwen35::Heads::from_gguf(self)?),
-            Rewrite::NormOffset => gemma3::undo_norm_offset(stored),
-        }
-    }
-
-    fn llama_heads(&self) -> Result<(usize, usize)> {
-        let q = self.get_u32("llama.attention.head_count")? as usize;
-        let kv = match self.value("llama.attention.head_count_kv") {
-            Some(_) => self.get_u32("llama.attention.head_count_kv")? as usize,
-            None => q,
-        };
-        Ok((q, kv))
+    /// The file's name, as errors give it.
+    pub fn name(&self) -> &str {
+        &self.what
     }
 
     /// GGUF version (2 or 3).
@@ -376,7 +392,7 @@ impl Gguf {
         self.parsed.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
-    /// `general.architecture` (`llama`, `qwen3`, ...).
+    /// `general.architecture`: the model family's name.
     pub fn architecture(&self) -> Result<&str> {
         self.get_str("general.architecture")
     }
@@ -465,28 +481,9 @@ impl Gguf {
             .ok_or_else(|| Error::format(&self.what, format!("missing tensor {name}")))?;
         Ok((t, &self.map[t.start..t.start + t.len]))
     }
-
-    /// Rows of a llama q/k weight back in Hugging Face order: llama.cpp
-    /// stores, per head, rows interleaved as (i, half) where HF has (half, i).
-    fn unpermute(t: &TensorInfo, bytes: &[u8], n_head: usize, what: &str) -> Result<Vec<u8>> {
-        let rows = t.dims.get(1).copied().unwrap_or(1);
-        if t.dims.len() != 2 || n_head == 0 || rows % (2 * n_head) != 0 || bytes.is_empty() {
-            return Err(Error::format(
-                what,
-                format!("{}: {rows} rows of {} bytes cannot be split into {n_head} rotary heads", t.name, bytes.len() / rows.max(1)),
-            ));
-        }
-        let row_bytes = bytes.len() / rows;
-        let mut out = vec![0u8; bytes.len()];
-        for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
-            let src = rotary_gguf_row(r, rows, n_head);
-            dst.copy_from_slice(&bytes[src * row_bytes..(src + 1) * row_bytes]);
-        }
-        Ok(out)
-    }
 }
 
-/// Where llama.cpp's converter put row `hf_row` of a llama q/k weight with
+/// Where llama.cpp's converter put row `hf_row` of a q/k weight in rotary layout with
 /// `rows` rows in `n_head` rotary heads (`rows % (2 * n_head) == 0`): per
 /// head, HF's (half, i) row order becomes (i, half).
 pub fn rotary_gguf_row(hf_row: usize, rows: usize, n_head: usize) -> usize {
@@ -526,14 +523,15 @@ impl TensorSource for Gguf {
         };
         let Some((how, cell)) = &self.rewrites[i] else { return Ok(stored) };
         if cell.get().is_none() {
-            let _ = cell.set(self.rewrite(*how, t, &stored)?);
+            let _ = cell.set(how.apply(self, &stored)?);
         }
         let r = cell.get().expect("set just above");
         Ok(RawTensor { name: name.to_string(), dtype: r.dtype, shape: r.shape.clone(), bytes: &r.bytes })
     }
 }
 
-/// Hugging Face name for a GGUF tensor name; unknown names pass through.
+/// Hugging Face name for a GGUF tensor name in the common names; unknown
+/// names pass through.
 pub fn hf_name(gguf: &str) -> String {
     match gguf {
         "token_embd.weight" => return "model.embed_tokens.weight".into(),
@@ -556,7 +554,8 @@ pub fn hf_name(gguf: &str) -> String {
     }
 }
 
-/// Per-layer tensor names: llama.cpp's and Hugging Face's (Llama, Qwen3).
+/// Per-layer tensor names, llama.cpp's and Hugging Face's, common to the
+/// architectures.
 const LAYER_TENSORS: &[(&str, &str)] = &[
     ("attn_norm", "input_layernorm"),
     ("ffn_norm", "post_attention_layernorm"),
@@ -572,7 +571,7 @@ const LAYER_TENSORS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
-/// The GGUF weight name of a Llama/Qwen3 projection module
+/// The GGUF weight name of a projection module in the common names
 /// (`model.layers.3.self_attn.q_proj` -> `blk.3.attn_q.weight`), the
 /// inverse of [`hf_name`] for projections; `None` for other names.
 pub fn gguf_projection_name(module: &str) -> Option<String> {
@@ -583,24 +582,12 @@ pub fn gguf_projection_name(module: &str) -> Option<String> {
     Some(format!("blk.{layer}.{gguf}.weight"))
 }
 
-/// [`hf_name`] for a `qwen35` file, whose linear-attention tensors have
-/// names of their own.
-pub fn qwen35_hf_name(gguf: &str) -> String {
+/// [`hf_name`] with an architecture's own names for some layer tensors
+/// (`layer_name` of what follows `blk.N.`).
+pub fn hf_name_with(gguf: &str, layer_name: impl Fn(&str) -> Option<&'static str>) -> String {
     let layer_rest = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.'));
     match layer_rest {
-        Some((layer, rest)) if layer.parse::<usize>().is_ok() => match qwen35::hf_layer_name(rest) {
-            Some(hf) => format!("model.layers.{layer}.{hf}"),
-            None => hf_name(gguf),
-        },
-        _ => hf_name(gguf),
-    }
-}
-
-/// [`hf_name`] for a `gemma3` file, whose MLP norms have names of their own.
-pub fn gemma3_hf_name(gguf: &str) -> String {
-    let layer_rest = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.'));
-    match layer_rest {
-        Some((layer, rest)) if layer.parse::<usize>().is_ok() => match gemma3::hf_layer_name(rest) {
+        Some((layer, rest)) if layer.parse::<usize>().is_ok() => match layer_name(rest) {
             Some(hf) => format!("model.layers.{layer}.{hf}"),
             None => hf_name(gguf),
         },
@@ -837,29 +824,6 @@ mod tests {
         assert_eq!(hf_name("output.weight"), "lm_head.weight");
         assert_eq!(hf_name("rope_freqs.weight"), "rope_freqs.weight");
         assert_eq!(hf_name("blk.x.attn_q.weight"), "blk.x.attn_q.weight");
-        // Gemma 3: ffn_norm comes before the MLP, post_ffw_norm after it.
-        assert_eq!(gemma3_hf_name("blk.4.ffn_norm.weight"), "model.layers.4.pre_feedforward_layernorm.weight");
-        assert_eq!(gemma3_hf_name("blk.4.post_ffw_norm.weight"), "model.layers.4.post_feedforward_layernorm.weight");
-        assert_eq!(gemma3_hf_name("blk.4.post_attention_norm.weight"), "model.layers.4.post_attention_layernorm.weight");
-        assert_eq!(gemma3_hf_name("blk.4.attn_q_norm.weight"), "model.layers.4.self_attn.q_norm.weight");
-    }
-
-    #[test]
-    fn unpermute_matches_transformers_formula() {
-        // 2 heads of head_dim 4 => 8 rows of 1 byte. transformers:
-        // w.reshape(n_head, dim/2, 2).swapaxes(1, 2): HF row (h, s, i) is
-        // GGUF row (h, i, s).
-        let t = TensorInfo {
-            name: "q".into(),
-            ggml_type: GgmlType::from_id(24).unwrap(),
-            dims: vec![1, 8],
-            start: 0,
-            len: 8,
-        };
-        let gguf_rows: Vec<u8> = (0..8).collect();
-        let hf = Gguf::unpermute(&t, &gguf_rows, 2, "x").unwrap();
-        assert_eq!(hf, vec![0, 2, 1, 3, 4, 6, 5, 7]);
-        assert!(Gguf::unpermute(&t, &gguf_rows, 3, "x").is_err());
     }
 
     #[test]
@@ -878,17 +842,5 @@ mod tests {
                 let _ = g.get(&name).and_then(|raw| raw.to_f32());
             }
         }
-    }
-
-    #[test]
-    fn a_q_weight_without_columns_is_an_error_not_a_panic() {
-        // Rows but no bytes: a row length of 0 must not reach chunks_exact.
-        use crate::model::gguf_writer::{GgufWriter, TensorOut};
-        let mut w = GgufWriter::default();
-        w.kv("general.architecture", Value::String("llama".into())).kv("llama.attention.head_count", Value::U32(2));
-        w.tensor(TensorOut { name: "blk.0.attn_q.weight".into(), ggml_type: 0, dims: vec![0, 8], bytes: vec![] });
-        let g = Gguf::from_bytes(&w.to_bytes().unwrap(), "empty-rows.gguf").unwrap();
-        let err = g.get("model.layers.0.self_attn.q_proj.weight").unwrap_err().to_string();
-        assert!(err.contains("empty-rows.gguf") && err.contains("attn_q"), "{err}");
     }
 }

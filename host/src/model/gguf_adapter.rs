@@ -15,13 +15,13 @@
 //! Rank-stabilised adapters (`use_rslora`) are written with `alpha * sqrt(r)`
 //! (llama.cpp has no rsLoRA flag) and read back as plain LoRA with that
 //! alpha: the same scaling up to f32 rounding.
-use super::config::LoraConfig;
-use super::peft::{Adapter, LoraModule};
+use crate::lora::config::LoraConfig;
+use crate::lora::peft::{Adapter, LoraModule};
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::descriptor::Descriptor;
 use crate::model::gguf::{gguf_projection_name, hf_name, rotary_gguf_row, Gguf, Value};
 use crate::model::gguf_writer::{GgufWriter, TensorOut};
-use crate::model::source::{DType, RawTensor};
+use crate::base::dtype::{DType, RawTensor};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use hexlora_proto::q8_0::{quantize_row, BlockQ8_0, QK8_0};
@@ -142,7 +142,7 @@ fn decode(g: &Gguf, name: &str, what: &str) -> Result<Tensor> {
         .ok_or_else(|| Error::Unsupported(format!("{what}: {name} has type {} (LoRA factors: F32, F16, BF16, Q8_0)", info.ggml_type.name)))?;
     let raw = RawTensor { name: format!("{what}: {name}"), dtype, shape: vec![info.dims[1], info.dims[0]], bytes };
     let t = raw.to_tensor()?;
-    super::tensor_file::check_finite(name, &t, what)?;
+    crate::base::tensor_file::check_finite(name, &t, what)?;
     Ok(t)
 }
 
@@ -215,6 +215,25 @@ pub fn import(path: &Path, cfg: &ModelConfig) -> Result<Adapter> {
     let mut ad = Adapter { config, modules };
     ad.sort_modules();
     Ok(ad)
+}
+
+// `Adapter::open` lives here, not in `lora/`, so that `lora/` stays below
+// `model/` (`docs/ARCHITECTURE.md`): telling a GGUF adapter's names needs
+// the model's descriptor.
+impl Adapter {
+    /// Opens an adapter for a model of shape `model`: a PEFT directory, or
+    /// a llama.cpp LoRA `.gguf` file ([`import`]).
+    pub fn open(path: &Path, model: &ModelConfig) -> Result<Adapter> {
+        if path.is_dir() {
+            Self::load(path)
+        } else if path.extension().is_some_and(|e| e == "gguf") {
+            import(path, model)
+        } else if path.exists() {
+            Err(Error::invalid(path.display().to_string(), "not a PEFT adapter directory or a .gguf LoRA file"))
+        } else {
+            Err(Error::io(path, std::io::Error::from_raw_os_error(libc::ENOENT)))
+        }
+    }
 }
 
 #[cfg(test)]

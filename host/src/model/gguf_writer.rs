@@ -1,9 +1,9 @@
 //! GGUF v3 writer: the layout [`crate::model::gguf`] reads (see its module
 //! doc), metadata in insertion order, tensors aligned to
 //! [`DEFAULT_ALIGNMENT`]. Used for LoRA adapters llama.cpp loads
-//! ([`crate::lora::gguf_adapter`]); the file is written atomically.
+//! ([`crate::model::gguf_adapter`]); the file is written atomically.
 use crate::model::gguf::{Value, DEFAULT_ALIGNMENT, MAGIC};
-use crate::train::atomic_write::write_atomic;
+use crate::base::atomic_write::write_atomic;
 use crate::{Error, Result};
 use std::path::Path;
 

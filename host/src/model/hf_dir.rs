@@ -12,7 +12,7 @@
 //! let w = dir.get("model.layers.0.self_attn.q_proj.weight")?.to_f32()?;
 //! # Ok::<(), hexlora::Error>(())
 //! ```
-use crate::model::source::{DType, RawTensor, TensorSource};
+use crate::model::source::{RawTensor, TensorSource};
 use crate::{Error, Result};
 use memmap2::Mmap;
 use std::collections::HashMap;
@@ -129,16 +129,7 @@ impl TensorSource for HfDir {
     }
 }
 
-/// Our [`DType`] for a safetensors float dtype; `None` for the types hexlora
-/// does not read (integers, f64, f8).
-pub(crate) fn float_dtype(dtype: ::safetensors::Dtype) -> Option<DType> {
-    match dtype {
-        ::safetensors::Dtype::F32 => Some(DType::F32),
-        ::safetensors::Dtype::F16 => Some(DType::F16),
-        ::safetensors::Dtype::BF16 => Some(DType::BF16),
-        _ => None,
-    }
-}
+pub(crate) use crate::base::dtype::float_dtype;
 
 /// The safetensors files of `dir`: the single file, or the shards of the index.
 fn shard_files(dir: &Path) -> Result<Vec<String>> {
@@ -214,7 +205,7 @@ mod tests {
         assert_eq!(hf.config()["hidden_size"], 4);
         let a = hf.get("a.weight").unwrap();
         assert_eq!(a.shape, vec![2, 2]);
-        assert_eq!(a.dtype, DType::F32);
+        assert_eq!(a.dtype, crate::base::dtype::DType::F32);
         assert_eq!(a.bytes, &f32_bytes(&[1.0, 2.0, 3.0, 4.0])[..]);
         assert_eq!(hf.names().len(), 2);
         let err = hf.get("nope").unwrap_err().to_string();

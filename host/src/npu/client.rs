@@ -16,7 +16,7 @@ use super::transport::in_process::InProcess;
 use super::transport::shared_memory::SharedMemory;
 use super::transport::simulator::{Simulator, SimulatorConfig, SERVICE_ENV};
 use super::transport::{Fault, Layout, Transport, TransportKind, INPUT, OUTPUT, WEIGHTS};
-use crate::model::source::{DType, RawTensor};
+use crate::base::dtype::{DType, RawTensor};
 use crate::projection::{Direction, Projection, ProjectionInfo};
 use crate::{Error, Result};
 use hexlora_proto::protocol::{

@@ -11,7 +11,7 @@
 //! and computes both products with f32 accumulation
 //! ([`crate::ops::bf16_matmul`], AMX where the CPU has it); which one a
 //! model gets is its [`FrozenDtype`].
-use crate::model::source::{DType, RawTensor};
+use crate::base::dtype::{DType, RawTensor};
 use crate::ops::bf16_matmul::{self, Bf16Matrix, Kernel, Rows, Weight};
 use crate::ops::matmul::{matmul, matmul_bt};
 use crate::ops::quant_bf16;
@@ -244,7 +244,7 @@ pub fn inference_projection(info: ProjectionInfo, raw: &RawTensor<'_>) -> Result
 /// The projection factory for `dtype` (see [`crate::model::decoder::ProjectionFactory`]).
 pub fn factory(dtype: FrozenDtype) -> fn(ProjectionInfo, &RawTensor<'_>) -> Result<Arc<dyn Projection>> {
     match dtype {
-        FrozenDtype::F32 => crate::model::decoder::cpu_projection,
+        FrozenDtype::F32 => |info, raw| Ok(Arc::new(CpuProjection::from_raw(info, raw)?)),
         FrozenDtype::Bf16 => |info, raw| Ok(Arc::new(Bf16Projection::from_raw(info, raw)?)),
     }
 }

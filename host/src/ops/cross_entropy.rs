@@ -238,7 +238,7 @@ fn subtract_early_targets(head: &[Arc<dyn Projection>], acc: &mut [f32], stats: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::cpu_projection::CpuProjection;
+    use crate::ops::cpu_projection::CpuProjection;
     use crate::projection::{ProjectionInfo, ProjectionKind};
 
     fn slices(w: &Arc<Vec<f32>>, hidden: usize, widths: &[usize]) -> Vec<Arc<dyn Projection>> {

@@ -17,6 +17,7 @@ unsafe impl Sync for SharedMut {}
 pub mod activation;
 pub mod attention;
 pub mod bf16_matmul;
+pub mod cpu_projection;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod gdn;

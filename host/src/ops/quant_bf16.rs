@@ -7,7 +7,7 @@
 //! that keeps the blocks and decodes them as a kernel packs its panels (or
 //! into a scratch table before each product) computes exactly what the
 //! bf16 copy computes, at a fraction of the resident memory
-//! (`model::cpu_projection::Bf16Projection`).
+//! (`ops::cpu_projection::Bf16Projection`).
 //!
 //! A Q4 weight is `d q + m` with an f16 `d`, an f16 or exact `m` and a
 //! nibble `q`: `d q` is exact in f32, so one FMA gives the dequantized
@@ -16,7 +16,7 @@
 //! decoder exists: elsewhere [`available`] is false and the projections
 //! keep their bf16 copies (a portable decoder would cost more time per
 //! step than the memory is worth there; not measured).
-use crate::model::source::DType;
+use crate::base::dtype::DType;
 use rayon::prelude::*;
 
 /// Whether this CPU has the decoder (AVX-512 F and BW).
@@ -74,7 +74,7 @@ pub fn decode_rows(dtype: DType, bytes: &[u8], cols: usize, out: &mut [u16]) {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use crate::model::source::DType;
+    use crate::base::dtype::DType;
     use std::arch::x86_64::*;
 
     /// `bf16::from_f32(v).to_bits()` of 16 lanes, in the low half of each
@@ -187,7 +187,7 @@ pub(crate) fn random_block_rows(dtype: DType, rows: usize, cols: usize, seed: u6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::source::RawTensor;
+    use crate::base::dtype::RawTensor;
     use crate::ops::bf16_matmul::round_bits;
 
     #[test]

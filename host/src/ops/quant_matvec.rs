@@ -10,7 +10,7 @@
 //! too; here they stay f32).
 //!
 //! Arithmetic, identical on every CPU: the weights are exactly the f32
-//! values the block decoders of [`crate::model::quant`] yield (the values
+//! values the block decoders of [`crate::base::quant`] yield (the values
 //! every other path multiplies); each output is 4 chains of 16 lanes
 //! (chunk `j` of 16 elements feeds chain `j % 4`, one fused multiply-add
 //! per element), closed by a fixed halving tree. The algorithm is
@@ -20,8 +20,8 @@
 //! returns the same bits, and a row is one task's, so the thread count
 //! changes nothing either. The sums run in another order than the dense
 //! products', so results differ from those by rounding only.
-use crate::model::quant::{decode_q4_k, decode_q6_k};
-use crate::model::source::DType;
+use crate::base::quant::{decode_q4_k, decode_q6_k};
+use crate::base::dtype::DType;
 use half::f16;
 use rayon::prelude::*;
 
@@ -660,7 +660,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::source::RawTensor;
+    use crate::base::dtype::RawTensor;
     use half::f16;
 
     /// Deterministic bytes for `rows` rows of `dtype` with finite f16 scales.

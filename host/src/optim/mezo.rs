@@ -2,7 +2,7 @@
 //! trick: the perturbation `z ~ N(0, I)` is never stored, only its seed; it
 //! is regenerated to perturb, to restore and to update. Memory is that of
 //! inference. This is the forward-only baseline the mission compares to.
-use crate::autograd::counter_rng;
+use crate::base::counter_rng;
 use crate::tensor::Tensor;
 use crate::Result;
 

@@ -4,7 +4,7 @@
 //! noise or on someone else's examples raises that loss and is kept aside.
 use crate::lora::Adapter;
 use crate::train::grad::evaluate;
-use crate::train::graph::{Batch, TrainableModel};
+use crate::autograd::graph::{Batch, TrainableModel};
 use crate::Result;
 
 /// How many of `n` new examples are held out: a fifth, at least 1, at

@@ -9,7 +9,7 @@
 //! kill during an append can leave a torn last line without its newline:
 //! [`Store::open`] cuts it off (that example was never acknowledged), and
 //! a damaged line anywhere else is an error naming the file and line.
-use crate::train::atomic_write::write_atomic;
+use crate::base::atomic_write::write_atomic;
 use crate::{Error, Result};
 use serde_json::{json, Value};
 use std::io::Write;

@@ -6,7 +6,7 @@
 //! replaced atomically, so a kill at any moment leaves the last live
 //! version live and every named version whole.
 use crate::lora::Adapter;
-use crate::train::atomic_write::write_atomic;
+use crate::base::atomic_write::write_atomic;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

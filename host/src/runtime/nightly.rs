@@ -17,7 +17,7 @@ use crate::model::checkpoint::Checkpoint;
 use crate::npu::{NpuClient, NpuOptions, PrecisionPolicy, TransportKind};
 use crate::train::commit::TrainState;
 use crate::train::data::{load_jsonl, Bounds, Encoder};
-use crate::train::graph::Batch;
+use crate::autograd::graph::Batch;
 use crate::train::learner::{claim_out_dir, StepHooks, ADAPTER_RUN_OUTPUTS};
 use crate::train::text_encoder::ModelText;
 use crate::train::trainer::{check_grad_accum, epoch_steps, train, RunOptions, TrainConfig};
@@ -92,7 +92,9 @@ impl NightlyJob {
         let text = ModelText::of(&ckpt).ok();
         let (data, skipped) = load_jsonl(&self.data, text.as_ref().map(|t| t as &dyn Encoder), self.max_len, Bounds::of(&ckpt.config))?;
         check_grad_accum(self.train.grad_accum, data.len())?;
-        claim_out_dir(&self.out, ADAPTER_RUN_OUTPUTS, self.force)?;
+        let mut inputs = vec![("--model", self.model.as_path()), ("--data", self.data.as_path())];
+        inputs.extend(self.init.as_deref().map(|p| ("--init-adapter", p)));
+        claim_out_dir(&self.out, ADAPTER_RUN_OUTPUTS, &inputs, self.force)?;
         let side = match self.transport {
             None => DspSide::Cpu,
             Some(kind) => DspSide::Npu { client: NpuClient::connect(kind, &NpuOptions::default())?, policy: self.policy },
@@ -166,7 +168,7 @@ impl Prepared {
             },
             state,
         };
-        crate::train::atomic_write::write_atomic(&out.join("summary.txt"), report.text().as_bytes())?;
+        crate::base::atomic_write::write_atomic(&out.join("summary.txt"), report.text().as_bytes())?;
         Ok(report)
     }
 }

@@ -110,7 +110,7 @@ impl PlanCache {
         let dir = path.parent().unwrap_or(Path::new("."));
         let written = std::fs::create_dir_all(dir)
             .map_err(|e| crate::Error::io(dir, e))
-            .and_then(|_| crate::train::atomic_write::write_atomic(path, &text));
+            .and_then(|_| crate::base::atomic_write::write_atomic(path, &text));
         if let Err(e) = written {
             eprintln!("warning: cannot write plan cache {} ({e}); the next run probes again", path.display());
         }

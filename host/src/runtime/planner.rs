@@ -10,7 +10,7 @@
 //!
 //! The error measure is the per-tensor max-normalised error used across the
 //! project: `max |dsp - cpu| / max |cpu|` over the sampled rows.
-use crate::autograd::counter_rng;
+use crate::base::counter_rng;
 use crate::projection::{Direction, Projection};
 use crate::{Error, Result};
 use serde::Serialize;
@@ -198,6 +198,6 @@ impl RouteTable {
     /// Writes `routes.json` (kept with the run's metrics).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("routes serialise");
-        crate::train::atomic_write::write_atomic(&dir.join("routes.json"), text.as_bytes())
+        crate::base::atomic_write::write_atomic(&dir.join("routes.json"), text.as_bytes())
     }
 }

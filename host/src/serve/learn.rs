@@ -16,7 +16,7 @@ use crate::personal::round::{self, Outcome, RoundConfig};
 use crate::personal::{Limits, User};
 use crate::train::commit::TrainState;
 use crate::train::data::{parse_jsonl, Bounds, Encoder};
-use crate::train::graph::TrainableModel;
+use crate::autograd::graph::TrainableModel;
 use crate::train::learner::StepHooks;
 use crate::train::text_encoder::ModelText;
 use crate::{Error, Result};

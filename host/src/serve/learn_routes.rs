@@ -29,12 +29,26 @@ fn internal(e: impl ToString) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "server_error")
 }
 
-/// The request field an example's error is about.
-fn field_of(message: &str) -> &'static str {
-    if message.contains("chat example") {
+/// The request field an example's error is about: the field its message
+/// starts with (`messages[2]: ...`, `completion is empty`; "chat example"
+/// means `messages`), or the one serde names (``missing field `prompt` ``);
+/// `body` otherwise. Only those two places are read, never the rest of the
+/// message, which may quote the caller's text.
+fn field_of(e: &crate::Error) -> &'static str {
+    const FIELDS: [&str; 5] = ["messages", "completion", "prompt", "input_ids", "labels"];
+    let msg = match e {
+        crate::Error::Invalid { msg, .. } | crate::Error::Format { msg, .. } => msg.as_str(),
+        _ => return "body",
+    };
+    let lead: String = msg.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    if lead == "chat" {
         return "messages";
     }
-    ["messages", "completion", "prompt", "input_ids", "labels"].into_iter().find(|f| message.contains(f)).unwrap_or("body")
+    let serde_named = ["missing field `", "unknown field `", "duplicate field `"]
+        .iter()
+        .find_map(|p| msg.strip_prefix(p))
+        .and_then(|rest| rest.split('`').next());
+    FIELDS.into_iter().find(|f| *f == lead || serde_named == Some(*f)).unwrap_or("body")
 }
 
 /// `POST /v1/feedback`: `{"model": NAME, "messages": [..., {"role":
@@ -54,8 +68,7 @@ pub async fn feedback(State(s): State<Arc<AppState>>, raw: Result<Bytes, BytesRe
     }
     let example = Value::Object(std::mem::take(obj));
     l.check_example(&example).map_err(|e| {
-        let msg = e.to_string();
-        ApiError::bad(msg.clone(), field_of(&msg))
+        ApiError::bad(e.to_string(), field_of(&e))
     })?;
     let held = user.clone();
     let appended = tokio::task::spawn_blocking(move || held.append(example)).await.map_err(internal)?.map_err(internal)?;

@@ -26,7 +26,7 @@ pub mod worker;
 
 use crate::model::assistant::Assistant;
 use crate::model::checkpoint::Checkpoint;
-use crate::model::cpu_projection::{inference_projection, FrozenDtype};
+use crate::ops::cpu_projection::{inference_projection, FrozenDtype};
 use crate::model::source::RawTensor;
 use crate::npu::{NpuClient, NpuOptions, PrecisionPolicy, TransportKind};
 use crate::model::decoder::SharedProjections;
@@ -87,7 +87,7 @@ pub struct LearnSetup {
 /// The learner's graph and what it holds on to.
 struct Learner {
     learning: Arc<learn::Learning>,
-    graph: Box<dyn crate::train::graph::TrainableModel>,
+    graph: Box<dyn crate::autograd::graph::TrainableModel>,
     /// Keeps the DSP service connected while the graph uses it.
     _side: DspSide,
 }

@@ -12,7 +12,7 @@
 //! to the same bits, since the run is deterministic) and keeps the damaged
 //! file as `commit.corrupt.safetensors`; otherwise it refuses, naming both.
 use crate::lora::peft::peft_key;
-use crate::lora::tensor_file::{write_tensors_atomic, TensorFile};
+use crate::base::tensor_file::{write_tensors_atomic, TensorFile};
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
 use crate::lora::{Adapter, LoraConfig};

@@ -6,7 +6,7 @@
 //!   aligned with the ids, -100 ignored; without labels every token counts).
 //!
 //! Text forms need an [`Encoder`] (tokenizer + chat template of the model).
-use super::graph::Batch;
+use crate::autograd::graph::Batch;
 use crate::{Error, Result};
 use serde::Deserialize;
 use std::path::Path;

@@ -1,10 +1,10 @@
 //! One forward + backward of a batch with an adapter attached, no optimizer:
 //! what `hexlora grad` writes and what the PyTorch fixtures check.
-use super::graph::lora_params;
-use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::autograd::graph::lora_params;
+use crate::autograd::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::autograd::Tape;
 use crate::lora::peft::peft_key;
-use crate::lora::tensor_file::TensorFile;
+use crate::base::tensor_file::TensorFile;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
 use crate::Result;

@@ -5,7 +5,7 @@
 //! around it: resume with a fingerprint check, a commit after every step
 //! (or every N), `metrics.jsonl`, the progress bar, the caller's hooks
 //! (pacing, stop signals, per-step accounting) and the final outputs.
-use super::atomic_write::write_atomic;
+use crate::base::atomic_write::write_atomic;
 use super::metrics::{loss_svg, write_metrics};
 use crate::{Error, Result};
 use serde::Serialize;
@@ -146,8 +146,11 @@ pub const ADAPTER_RUN_OUTPUTS: &[&str] = &["adapter", "metrics.jsonl", "loss.svg
 /// of `outputs` without a commit that owns them (another run's results, a
 /// copied adapter) is refused unless `force`, since the run would overwrite
 /// them; a directory with a commit is left to [`open_state`] (resume or
-/// refuse). Creates `out` and checks that a file can be written in it.
-pub fn claim_out_dir(out: &Path, outputs: &[&str], force: bool) -> Result<()> {
+/// refuse). Never, `force` or not, when an output (or the commit) would be
+/// one of `inputs` (option name, path) or hold one. Creates `out` and checks
+/// that a file can be written in it.
+pub fn claim_out_dir(out: &Path, outputs: &[&str], inputs: &[(&str, &Path)], force: bool) -> Result<()> {
+    crate::base::outputs::check_run_outputs(out, outputs, inputs)?;
     let committed = super::commit::has_commit(out);
     let found: Vec<&str> = outputs.iter().copied().filter(|o| out.join(o).exists()).collect();
     if !committed && !force && !found.is_empty() {

@@ -1,6 +1,6 @@
 //! Run outputs for people: `metrics.jsonl` (one step record per line) and
 //! `loss.svg`, a plain loss-per-step line chart.
-use super::atomic_write::write_atomic;
+use crate::base::atomic_write::write_atomic;
 use crate::Result;
 use std::fmt::Write;
 use std::path::Path;

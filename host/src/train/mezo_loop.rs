@@ -8,10 +8,11 @@
 //! Memory is that of inference: factors are tape constants, nothing is
 //! differentiated, and no optimizer moments exist.
 use super::commit::{read_commit, write_commit, StepRecord};
-use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::autograd::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use super::learner::{self, Learner};
 use super::trainer::{example_index, fingerprint, TrainConfig};
-use crate::autograd::{counter_rng, Tape};
+use crate::base::counter_rng;
+use crate::autograd::{Tape};
 use crate::lora::peft::peft_key;
 use crate::lora::{Adapter, LoraConfig, LoraModule};
 use crate::optim::mezo::Mezo;
@@ -146,8 +147,10 @@ fn forward_loss(model: &dyn TrainableModel, modules: &[LoraModule], scaling: f32
     Ok(total)
 }
 
-/// One MeZO step over the next `grad_accum` examples.
-fn mezo_step(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfig, state: &mut MezoState) -> Result<StepRecord> {
+/// One MeZO step over the next `grad_accum` examples of the seeded stream:
+/// the one step of every MeZO run (`train --optimizer mezo`, the
+/// evaluation's per-user `mezo`).
+pub fn mezo_step(model: &dyn TrainableModel, data: &[Batch], config: &MezoConfig, state: &mut MezoState) -> Result<StepRecord> {
     let start = Instant::now();
     let accum = config.train.grad_accum.max(1);
     let picks: Vec<&Batch> = (0..accum as u64).map(|j| &data[example_index(config.train.seed, state.cursor + j, data.len())]).collect();

@@ -5,10 +5,11 @@
 //! exactly where the killed one committed.
 use super::budget;
 use super::commit::{StepRecord, TrainState};
-use super::graph::lora_params;
-use super::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::autograd::graph::lora_params;
+use crate::autograd::graph::{Batch, GraphOptions, LoraVars, TrainableModel};
 use super::learner::{self, Learner};
-use crate::autograd::{counter_rng, Tape};
+use crate::base::counter_rng;
+use crate::autograd::{Tape};
 use crate::lora::{Adapter, LoraConfig};
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::optim::schedule::{clip_grad_norm, Schedule};

@@ -9,7 +9,7 @@
 //! Tolerances as in `model_smollm2.rs`: both sides compute in f32 from the
 //! same dequantized weights, so logits agree to 1e-4 max-normalised, and
 //! the fixture keeps a top-2 gap of at least 0.01 on every greedy step.
-use hexlora::lora::gguf_adapter::{export, OutType};
+use hexlora::model::gguf_adapter::{export, OutType};
 use hexlora::lora::slots::AdapterSlots;
 use hexlora::lora::Adapter;
 use hexlora::model::checkpoint::Checkpoint;

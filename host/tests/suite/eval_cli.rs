@@ -44,6 +44,11 @@ fn bench_build_eval_and_report_through_the_cli() {
     assert!(printed.contains("quotes-tag: dev 2 users"), "{printed}");
     let labels = std::fs::read_to_string(out.join("quotes-tag/labels.json")).unwrap();
     assert!(labels.contains("love") && labels.contains("work"));
+    // An existing benchmark is replaced only with --force.
+    let again = ["bench", "build", "--only", "quotes-tag", "--out", s(&out), "--fortunes-dir", s(&fortunes)];
+    let err = hexlora(&again);
+    assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("pass --force"), "{}", String::from_utf8_lossy(&err.stderr));
+    ok(hexlora(&[&again[..], &["--force"]].concat()));
 
     let results = tmp.path().join("results");
     let printed = ok(hexlora(&[
@@ -84,6 +89,11 @@ fn bench_build_eval_and_report_through_the_cli() {
         let printed = ok(hexlora(&["report", s(&files[0]), s(&files[1]), "--baseline", "majority-global", "--out", s(&report)]));
         assert!(printed.trim().ends_with("report.md"));
         assert!(std::fs::read_to_string(report.join("report.md")).unwrap().contains("| majority-user |"));
+        // An existing report is replaced only with --force.
+        let again = ["report", s(&files[0]), s(&files[1]), "--baseline", "majority-global", "--out", s(&report)];
+        let err = hexlora(&again);
+        assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("pass --force"), "{}", String::from_utf8_lossy(&err.stderr));
+        ok(hexlora(&[&again[..], &["--force"]].concat()));
     } else {
         support::skip(&format!("the report part: no font at {} (toolchain/install.sh installs fonts-dejavu-core)", hexlora::eval::plot::DEFAULT_FONT));
     }
@@ -98,4 +108,86 @@ fn eval_reads_longlamp_files() {
         "--out", s(tmp.path()),
     ]));
     assert!(printed.contains("LongLaMP_product_review") && printed.contains("2 users / 3 queries"), "{printed}");
+}
+
+/// `fortune_dir` with `authors` authors of 6 quotes each (3 a category).
+fn fortune_authors(dir: &Path, authors: usize) {
+    for (cat, offset) in [("love", 0), ("work", 3)] {
+        let mut text = String::new();
+        for a in 0..authors {
+            for i in 0..3 {
+                text.push_str(&format!("Quote {} of author {a} about {cat}, said on day {}.\n\t\t-- Author {a}, \"Book\"\n%\n", i + offset, 7 * a + i));
+            }
+        }
+        std::fs::write(dir.join(cat), text).unwrap();
+    }
+}
+
+/// Every user's predictions and scores in a result file.
+fn answers(path: &Path) -> Vec<(String, Vec<(String, serde_json::Value, f64)>)> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            let q = u["queries"].as_array().unwrap().iter();
+            (u["user"].as_str().unwrap().to_string(), q.map(|q| (q["id"].as_str().unwrap().to_string(), q["predictions"].clone(), q["score"].as_f64().unwrap())).collect())
+        })
+        .collect()
+}
+
+/// SIGTERM between users (per-user training on the tiny model, so each
+/// user takes long enough to be interrupted): the evaluation stops after
+/// the user in hand, keeps the finished users, exits 0 saying how to go
+/// on, and `--resume` ends with every prediction and score of an
+/// uninterrupted run.
+#[test]
+fn sigterm_stops_between_users_and_resume_ends_as_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fortunes = tmp.path().join("fortunes");
+    std::fs::create_dir(&fortunes).unwrap();
+    fortune_authors(&fortunes, 40);
+    let bench = tmp.path().join("bench");
+    ok(hexlora(&["bench", "build", "--only", "quotes-tag", "--out", s(&bench), "--fortunes-dir", s(&fortunes)]));
+    let model = support::root().join("tests/fixtures/hyper/eval-model");
+    let qt = bench.join("quotes-tag");
+    let args = |out: &Path| -> Vec<String> {
+        let a = ["eval", "--bench", s(&qt), "--model", s(&model), "--split", "test", "--train-split", "train", "--method", "user-lora-f32"];
+        let work = out.join("work");
+        let b = ["--common-steps", "2", "--user-epochs", "8", "--max-len", "64", "--work-dir", s(&work), "--out", s(out)];
+        a.iter().chain(b.iter()).map(|x| x.to_string()).collect()
+    };
+    let whole = tmp.path().join("whole");
+    ok(support::hexlora().args(args(&whole)).output().unwrap());
+    let result = |dir: &Path| dir.join("quotes-tag-user-lora-f32-test-T0.json");
+    let users = answers(&result(&whole)).len();
+    assert!(users >= 6, "{users} test users: too few to stop between them");
+
+    let stopped = tmp.path().join("stopped");
+    std::fs::create_dir_all(&stopped).unwrap();
+    let err_log = tmp.path().join("stopped.stderr");
+    let child = support::hexlora().args(args(&stopped)).stdout(std::process::Stdio::piped()).stderr(std::fs::File::create(&err_log).unwrap()).spawn().unwrap();
+    let progress = stopped.join("quotes-tag-user-lora-f32-test.progress.jsonl");
+    let start = std::time::Instant::now();
+    // One line per finished user.
+    while std::fs::read_to_string(&progress).map_or(0, |t| t.lines().count()) < 1 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(300), "no user finished");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{log}\n{}", std::fs::read_to_string(&err_log).unwrap_or_default());
+    let done = std::fs::read_to_string(&progress).unwrap().lines().count();
+    assert!(done < users, "the run finished before SIGTERM arrived; make a user slower");
+    assert!(log.contains(&format!("SIGTERM: stopped after {done} of {users} users")) && log.contains("--resume"), "{log}");
+    assert!(!result(&stopped).exists(), "no result file from a stopped run");
+
+    let mut resume = args(&stopped);
+    resume.push("--resume".into());
+    let out = support::hexlora().args(&resume).output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stderr).contains(&format!("resuming: {done} of {users} users done")), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(answers(&result(&stopped)), answers(&result(&whole)), "the resumed run's answers differ from an uninterrupted run's");
+    assert!(!progress.exists(), "a finished run removes its progress file");
 }

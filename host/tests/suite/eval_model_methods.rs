@@ -4,12 +4,12 @@
 //! the training graph's token loss on the same prompt + answer with the same
 //! adapter (a different code path: full-sequence tape forward, fused head +
 //! cross-entropy, the graph's own LoRA branch).
-use hexlora::autograd::counter_rng;
+use hexlora::base::counter_rng;
 use hexlora::eval::model_runtime::{EvalModel, LabelScore};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
 use hexlora::train::grad::evaluate;
-use hexlora::train::graph::TrainableModel;
+use hexlora::autograd::graph::TrainableModel;
 
 use crate::support;
 

@@ -13,7 +13,7 @@
 //! user's ICL prefix: with no profile items in the prefix (k = 0) its
 //! examples, and so its adapter, are exactly `common-lora`'s; with k = 2
 //! they are not.
-use hexlora::autograd::counter_rng;
+use hexlora::base::counter_rng;
 use hexlora::eval::dataset::{ProfileItem, Query, Split, User};
 use hexlora::eval::harness;
 use hexlora::eval::method::Method;
@@ -22,7 +22,7 @@ use hexlora::eval::model_runtime::{EvalModel, LabelScore};
 use hexlora::eval::task::TaskSpec;
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::npu::{Precision, PrecisionPolicy};
-use hexlora::train::graph::TrainableModel;
+use hexlora::autograd::graph::TrainableModel;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

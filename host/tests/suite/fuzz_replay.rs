@@ -20,6 +20,8 @@ mod decode_message;
 mod gguf_read;
 #[path = "../../../fuzz/bodies/hf_dir.rs"]
 mod hf_dir;
+#[path = "../../../fuzz/bodies/http_request.rs"]
+mod http_request;
 #[path = "../../../fuzz/bodies/peft_adapter.rs"]
 mod peft_adapter;
 #[path = "../../../fuzz/bodies/skel_invoke.rs"]
@@ -196,4 +198,27 @@ fn training_jsonl_survives_its_regressions_and_damaged_jsonl() {
         ("ids".to_string(), b"\x08{\"input_ids\": [1, 5, 9, 17], \"labels\": [-100, 5, 9, 17]}\n{\"input_ids\": [3, 4]}\n".to_vec()),
     ];
     replay("training_jsonl", training_jsonl::run, seeds, 5000);
+}
+
+/// The seeds of `ci/fuzz.sh`'s `http_request` corpus: a flag byte (bit 0:
+/// the server has an API key), then a request to each route.
+fn http_seed(flags: u8, path: &str, body: &str) -> Vec<u8> {
+    let mut v = vec![flags];
+    v.extend(
+        format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nContent-Type: application/json\r\nAuthorization: Bearer sk-fuzz\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+            .into_bytes(),
+    );
+    v
+}
+
+#[test]
+fn http_request_survives_its_regressions_and_damaged_requests() {
+    let seeds = vec![
+        ("chat".to_string(), http_seed(1, "/v1/chat/completions", r#"{"model": "alice", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 8, "stream": true}"#)),
+        ("completion".to_string(), http_seed(0, "/v1/completions", r#"{"model": "base", "prompt": ["hello"], "temperature": 0.7, "top_p": 0.9, "stop": ["\\n"]}"#)),
+        ("feedback".to_string(), http_seed(0, "/v1/feedback", r#"{"model": "alice", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}"#)),
+        ("adapter".to_string(), http_seed(1, "/v1/adapters/alice", r#"{"path": "alice", "scale": 2.0}"#)),
+        ("outside".to_string(), http_seed(0, "/v1/adapters/bob", r#"{"path": "../hexlora-fuzz-outside", "scale": 1e30}"#)),
+    ];
+    replay("http_request", http_request::run, seeds, 5000);
 }

@@ -4,7 +4,7 @@
 //! under test (`support::hexlora`): `ci/aarch64-test.sh` runs this with the
 //! aarch64 build and with the static musl build under qemu-aarch64.
 use crate::support;
-use hexlora::lora::tensor_file::TensorFile;
+use hexlora::base::tensor_file::TensorFile;
 
 fn check(arch: &str) {
     let dir = tempfile::tempdir().unwrap();

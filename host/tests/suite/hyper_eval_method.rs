@@ -7,7 +7,7 @@
 //! that adapter. The common LoRA has non-zero B, and the test checks it
 //! moves the scores away from the base model's, so equality is not the
 //! trivial "no adapter applied either way".
-use hexlora::autograd::counter_rng;
+use hexlora::base::counter_rng;
 use hexlora::eval::dataset::{ProfileItem, Query, Split, User};
 use hexlora::eval::harness::run_sweep;
 use hexlora::eval::method::{Decoding, Method};
@@ -18,7 +18,7 @@ use hexlora::hyper::eval_method::HypernetMethod;
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
-use hexlora::train::graph::TrainableModel;
+use hexlora::autograd::graph::TrainableModel;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 use hexlora::hyper::end_to_end::{user_loss_and_grads, E2eOptions, Example, UserBatch};
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
 use hexlora::hyper::users::Context;
-use hexlora::lora::tensor_file::TensorFile;
+use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::model::config::ModelConfig;
 use hexlora::model::hf_dir::HfDir;

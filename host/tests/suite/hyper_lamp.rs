@@ -5,13 +5,13 @@
 //! and the command trains from a split with a held-out log whose untrained
 //! entry reproduces the common LoRA's loss.
 use crate::support;
-use hexlora::autograd::counter_rng;
+use hexlora::base::counter_rng;
 use hexlora::eval::lamp::read_lamp_dir;
 use hexlora::eval::model_runtime::EvalModel;
 use hexlora::hyper::users::{render_example, split_users, Pair};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
-use hexlora::train::graph::TrainableModel;
+use hexlora::autograd::graph::TrainableModel;
 use hexlora::train::text_encoder::ModelText;
 use std::path::{Path, PathBuf};
 

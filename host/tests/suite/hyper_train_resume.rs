@@ -174,7 +174,7 @@ fn bad_state_and_bad_input_are_refused_with_a_reason() {
     let err = net.synthesize(&model, &Context::all(vec![])).unwrap_err().to_string();
     assert!(err.contains("context"), "{err}");
     net.save(dir.path()).unwrap();
-    let mut f = hexlora::lora::tensor_file::TensorFile::read(&dir.path().join("hypernet.safetensors")).unwrap();
+    let mut f = hexlora::base::tensor_file::TensorFile::read(&dir.path().join("hypernet.safetensors")).unwrap();
     let key = f.tensors.keys().next().unwrap().clone();
     f.tensors.get_mut(&key).unwrap().data[0] = f32::NAN;
     std::fs::write(dir.path().join("hypernet.safetensors"), f.to_bytes().unwrap()).unwrap();
@@ -234,6 +234,25 @@ fn response_pooling_marks_exactly_the_responses() {
     cfg.context_tokens = 9;
     let cut = render_context(&ByteText, &cfg, &refs).unwrap();
     assert_eq!((cut.ids.len(), cut.pooled.unwrap()), (9, [false; 8].into_iter().chain([true]).collect::<Vec<_>>()));
+}
+
+/// What `hexlora synth` reports as "from N of M examples": the pairs the
+/// budget keeps whole, and whether one more was cut, under both poolings.
+/// "Q def R XY;" is 11 bytes, "Q gh R Z;" 9 (byte-level text).
+#[test]
+fn the_context_counts_only_the_examples_it_holds() {
+    use hexlora::hyper::users::{render_context_fitted, Fitted};
+    use hexlora::hyper::Pool;
+    let pairs = [Pair { query: "abcdef".into(), response: "XY".into() }, Pair { query: "gh".into(), response: "Z".into() }];
+    let refs: Vec<&Pair> = pairs.iter().collect();
+    for pool in [Pool::Responses, Pool::Mean] {
+        for (budget, whole, cut) in [(100, 2, false), (20, 2, false), (19, 1, true), (11, 1, false), (9, 0, true)] {
+            let cfg = HyperConfig { template: "Q {query} R {response};".into(), context_tokens: budget, context_query_chars: Some(3), pool, ..HyperConfig::default() };
+            let (ctx, fitted) = render_context_fitted(&ByteText, &cfg, &refs).unwrap();
+            assert_eq!(fitted, Fitted { whole, cut }, "budget {budget}, {pool:?}");
+            assert_eq!(ctx.len(), budget.min(20));
+        }
+    }
 }
 
 /// `freeze_common`: stage 1b leaves every head's output bias (the LoRA an

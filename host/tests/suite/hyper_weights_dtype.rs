@@ -3,12 +3,12 @@
 //! every synthesized entry within 2e-3 of the f32 one relative to the
 //! largest entry of its matrix (f16 rounds each weight by at most 2^-11
 //! relative; the heads sum k = 8 such products plus a bias).
-use hexlora::autograd::counter_rng;
+use hexlora::base::counter_rng;
 use hexlora::eval::model_runtime::EvalModel;
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
 use hexlora::hyper::users::Context;
 use hexlora::lora::{Adapter, LoraConfig};
-use hexlora::train::graph::TrainableModel;
+use hexlora::autograd::graph::TrainableModel;
 use std::path::Path;
 
 fn trained_like(model: &EvalModel, variant: HeadVariant) -> HyperNet {

@@ -5,7 +5,7 @@
 //! options); `--local-steps 0` writes the seeded network untrained; a round
 //! at the wrong step and a shard too small are refused, naming the option.
 use crate::support;
-use hexlora::lora::tensor_file::TensorFile;
+use hexlora::base::tensor_file::TensorFile;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 

@@ -28,6 +28,7 @@ mod eval_report;
 mod eval_rouge;
 mod eval_trained_methods;
 mod firmware_log;
+mod layers;
 mod fuzz_replay;
 mod grad_cli_fixtures;
 mod hyper_eval_method;

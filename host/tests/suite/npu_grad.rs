@@ -15,17 +15,17 @@
 //! `SENSITIVITY_FACTOR` times it, with a floor. The DSP adds one f16
 //! rounding of every activation row (after power-of-two scaling) to the
 //! weight rounding, an error of the same order, hence a factor of 4.
-use hexlora::lora::tensor_file::TensorFile;
+use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::model::config::{Arch, ModelConfig};
-use hexlora::model::cpu_projection::CpuProjection;
+use hexlora::ops::cpu_projection::CpuProjection;
 use hexlora::model::decoder::ProjectionFactory;
 use hexlora::model::hf_dir::HfDir;
 use hexlora::model::source::RawTensor;
 use hexlora::npu::{Precision, PrecisionPolicy};
 use hexlora::projection::{Projection, ProjectionInfo};
 use hexlora::train::grad::compute_grads;
-use hexlora::train::graph::{Batch, GraphOptions, TrainableModel};
+use hexlora::autograd::graph::{Batch, GraphOptions, TrainableModel};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -116,7 +116,7 @@ fn open(arch: &str, make: &ProjectionFactory<'_>) -> Box<dyn TrainableModel> {
     if cfg.arch == Arch::Qwen35 {
         Box::new(hexlora::model::qwen35::Qwen35Graph::load_with(&dir, cfg, make).unwrap())
     } else {
-        Box::new(hexlora::model::llama::DecoderGraph::load_with(&dir, cfg, make, hexlora::model::cpu_projection::FrozenDtype::F32).unwrap())
+        Box::new(hexlora::model::llama::DecoderGraph::load_with(&dir, cfg, make, hexlora::ops::cpu_projection::FrozenDtype::F32).unwrap())
     }
 }
 

@@ -12,7 +12,7 @@ use hexlora::personal::round::{self, Outcome, RoundConfig};
 use hexlora::personal::{Limits, User};
 use hexlora::train::commit::TrainState;
 use hexlora::train::data::{Bounds, Encoder, Message};
-use hexlora::train::graph::TrainableModel;
+use hexlora::autograd::graph::TrainableModel;
 use hexlora::train::learner::StepHooks;
 use hexlora::train::trainer::TrainConfig;
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! both sides: the CPU f32 reference, the same weight after Q8_0 rounding
 //! (the effective weight the DSP's Q8 kernels multiply), and a weight loaded
 //! with the wrong layout (transposed), which must fail every probe.
-use hexlora::model::cpu_projection::CpuProjection;
+use hexlora::ops::cpu_projection::CpuProjection;
 use hexlora::projection::{Direction, Product, Projection, ProjectionInfo, ProjectionKind};
 use hexlora::runtime::planner::{cpu_only, max_normalised_error, plan_projection, Buckets, RouteTable};
 use hexlora::runtime::routed::{RoutedProjection, SplitState};

@@ -1,10 +1,10 @@
 //! LoRA gradients against PyTorch + PEFT (fixtures made by
 //! `host/tests/fixtures/training/make_grad_fixtures.py`): loss, logits and
 //! every adapter gradient within 1e-4, per-tensor max-normalised.
-use hexlora::lora::tensor_file::TensorFile;
+use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::train::grad::compute_grads;
-use hexlora::train::graph::{Batch, GraphOptions, TrainableModel};
+use hexlora::autograd::graph::{Batch, GraphOptions, TrainableModel};
 use std::path::PathBuf;
 
 fn fixture(arch: &str) -> PathBuf {

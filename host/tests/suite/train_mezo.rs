@@ -7,7 +7,7 @@ use hexlora::optim::mezo::Mezo;
 use hexlora::optim::schedule::{Decay, Schedule};
 use hexlora::model::llama::DecoderGraph;
 use hexlora::train::grad::evaluate;
-use hexlora::train::graph::{Batch, TrainableModel};
+use hexlora::autograd::graph::{Batch, TrainableModel};
 use hexlora::train::mezo_loop::{train_mezo, MezoConfig, MezoState, RunOptions};
 use hexlora::train::trainer::TrainConfig;
 use std::path::PathBuf;

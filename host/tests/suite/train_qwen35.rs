@@ -5,7 +5,7 @@
 use hexlora::lora::LoraConfig;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};
-use hexlora::train::graph::Batch;
+use hexlora::autograd::graph::Batch;
 use hexlora::train::trainer::{train, RunOptions, TrainConfig};
 use std::path::PathBuf;
 

@@ -7,7 +7,7 @@ use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::{Decay, Schedule};
 use hexlora::train::commit::TrainState;
 use hexlora::model::llama::DecoderGraph;
-use hexlora::train::graph::Batch;
+use hexlora::autograd::graph::Batch;
 use hexlora::train::trainer::{train, RunOptions, TrainConfig};
 use std::path::{Path, PathBuf};
 use std::process::Command;

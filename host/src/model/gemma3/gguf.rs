@@ -8,7 +8,7 @@
 //! multiplies by the stored weight; Gemma's norms multiply by `1 + w`), and
 //! names the MLP's sandwich norms `ffn_norm` (before) and `post_ffw_norm`
 //! (after). Both are undone here, as transformers' GGUF loader does.
-use crate::model::qwen35::gguf::Rewritten;
+use crate::model::gguf::{Conventions, Gguf, Rewrite, Rewritten};
 use crate::model::source::{DType, RawTensor};
 use crate::{Error, Result};
 
@@ -37,3 +37,44 @@ pub fn undo_norm_offset(stored: &RawTensor<'_>) -> Result<Rewritten> {
     let w: Vec<f32> = stored.to_f32()?.iter().map(|x| x - 1.0).collect();
     Ok(Rewritten { dtype: DType::F32, shape: stored.shape.clone(), bytes: w.iter().flat_map(|v| v.to_le_bytes()).collect() })
 }
+
+/// The conventions of `gemma3` files: the MLP norms' names, and every
+/// RMSNorm weight stored as `1 + w`.
+pub struct Gemma3Gguf;
+
+impl Conventions for Gemma3Gguf {
+    fn layer_name(&self, rest: &str) -> Option<&'static str> {
+        hf_layer_name(rest)
+    }
+
+    fn rewrite(&self, _gguf: &Gguf, gguf_name: &str) -> Result<Option<Box<dyn Rewrite>>> {
+        Ok(stores_norm_offset(gguf_name).then(|| Box::new(NormOffset) as Box<dyn Rewrite>))
+    }
+}
+
+/// A norm weight stored as `1 + w`.
+struct NormOffset;
+
+impl Rewrite for NormOffset {
+    fn apply(&self, _gguf: &Gguf, stored: &RawTensor<'_>) -> Result<Rewritten> {
+        undo_norm_offset(stored)
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::hf_name_with;
+
+    #[test]
+    fn the_mlp_norms_have_names_of_their_own() {
+        let name = |g: &str| hf_name_with(g, hf_layer_name);
+        // ffn_norm comes before the MLP, post_ffw_norm after it.
+        assert_eq!(name("blk.4.ffn_norm.weight"), "model.layers.4.pre_feedforward_layernorm.weight");
+        assert_eq!(name("blk.4.post_ffw_norm.weight"), "model.layers.4.post_feedforward_layernorm.weight");
+        assert_eq!(name("blk.4.post_attention_norm.weight"), "model.layers.4.post_attention_layernorm.weight");
+        assert_eq!(name("blk.4.attn_q_norm.weight"), "model.layers.4.self_attn.q_norm.weight");
+    }
+}
+

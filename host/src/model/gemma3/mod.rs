@@ -12,10 +12,10 @@ pub mod gguf;
 
 use super::arch::Architecture;
 use super::checkpoint::Checkpoint;
-use super::cpu_projection::FrozenDtype;
+use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use super::llama::DecoderGraph;
-use crate::train::graph::TrainableModel;
+use crate::autograd::graph::TrainableModel;
 use crate::Result;
 
 /// Gemma 3.

@@ -19,11 +19,12 @@
 //!
 //! Frozen weights are only reached through [`Projection`]s, which callers may
 //! swap (the split runtime routes them to the NPU).
-use crate::train::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
-use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
+use crate::autograd::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::base::counter_rng;
+use crate::autograd::{SegmentFn, Tape, Var};
 use crate::model::blocks::GateAct;
 use crate::model::config::{Arch, LayerKind, ModelConfig};
-use crate::model::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
+use crate::ops::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
 use crate::model::source::{DType, RawTensor, TensorSource};
@@ -171,7 +172,7 @@ impl DecoderGraph {
     /// Loads every tensor of `cfg`'s architecture from `src` with CPU f32
     /// projections. Qwen3.5 (Gated DeltaNet) has its own graph.
     pub fn load(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Self> {
-        Self::load_with(src, cfg, &crate::model::cpu_projection::factory(FrozenDtype::F32), FrozenDtype::F32)
+        Self::load_with(src, cfg, &crate::ops::cpu_projection::factory(FrozenDtype::F32), FrozenDtype::F32)
     }
 
     /// `make` builds every per-layer frozen projection (CPU in some dtype,
@@ -471,7 +472,7 @@ mod tests {
         let src = HfDir::open(&dir.join("model")).unwrap();
         let cfg = ModelConfig::from_hf_json(src.config()).unwrap();
         let f32_model = DecoderGraph::load(&src, cfg.clone()).unwrap();
-        let bf16_model = DecoderGraph::load_with(&src, cfg, &crate::model::cpu_projection::factory(FrozenDtype::Bf16), FrozenDtype::Bf16).unwrap();
+        let bf16_model = DecoderGraph::load_with(&src, cfg, &crate::ops::cpu_projection::factory(FrozenDtype::Bf16), FrozenDtype::Bf16).unwrap();
         let adapter = Adapter::load(&dir.join("adapter")).unwrap();
         let batch: Batch = serde_json::from_str(&std::fs::read_to_string(dir.join("batch.json")).unwrap()).unwrap();
         let full = compute_grads(&f32_model, &adapter, &batch, &GraphOptions::default(), false).unwrap();

@@ -1,15 +1,16 @@
 //! Llama and Qwen3 (attention decoders; Qwen3 adds per-head q/k RMSNorm):
 //! the training graph ([`graph::DecoderGraph`]). Inference runs in the
 //! shared [`crate::model::decoder::Model`] over [`crate::model::blocks`].
+pub mod gguf;
 pub mod graph;
 
 pub use graph::DecoderGraph;
 
 use super::arch::Architecture;
 use super::checkpoint::Checkpoint;
-use super::cpu_projection::FrozenDtype;
+use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
-use crate::train::graph::TrainableModel;
+use crate::autograd::graph::TrainableModel;
 use crate::Result;
 
 /// The Llama family.

@@ -37,7 +37,7 @@ impl GdnState {
 
 /// The frozen non-projection weights of one Gated DeltaNet layer: one
 /// struct for inference ([`GatedDeltaNet`]) and training
-/// (`autograd::gdn_node`).
+/// (`model::qwen35::gdn_node`).
 #[derive(Clone, Debug)]
 pub struct GdnWeights {
     /// Depthwise conv `[conv_dim, K]` (the checkpoint's `[conv_dim, 1, K]`).

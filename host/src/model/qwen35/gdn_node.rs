@@ -17,9 +17,8 @@
 //! The backward recomputes the elementwise parts from the inputs and the
 //! states inside each piece from its checkpoint (`ops/gdn.rs`), so what is
 //! kept per layer is the checkpoints and `o`, not one state per token.
-use super::nodes::NodeKind;
-use super::tape::{Tape, Var};
-use crate::model::qwen35::L2NORM_EPS;
+use super::L2NORM_EPS;
+use crate::autograd::{CustomNode, Tape, Var};
 use crate::ops::activation::{sigmoid, silu_forward};
 use crate::ops::gdn::{
     conv1d_causal_backward, conv1d_causal_forward, delta_rule_backward, delta_rule_forward_checkpointed, gated_rmsnorm_backward,
@@ -33,9 +32,9 @@ use std::sync::Arc;
 /// Tokens between saved recurrent states.
 pub const CHECKPOINT_EVERY: usize = 16;
 
-pub use crate::model::qwen35::GdnWeights;
+pub use super::GdnWeights;
 
-/// Qwen3.5's node kinds (one variant of [`NodeKind`]).
+/// Qwen3.5's node kinds, on the tape as [`CustomNode`]s.
 pub(crate) enum Qwen35Node {
     /// The Gated DeltaNet recurrence. Inputs `[qkv, z, b, a]`.
     Gdn { weights: Arc<GdnWeights>, seq: usize, checkpoints: Vec<f32>, core: Vec<f32> },
@@ -140,17 +139,15 @@ fn gdn_sequence_backward(w: &GdnWeights, dout: &[f32], qkv: &[f32], z: &[f32], b
     [dqkv, dz, db, da]
 }
 
-impl Qwen35Node {
-    /// Short name for profiles.
-    pub(crate) fn name(&self) -> &'static str {
+impl CustomNode for Qwen35Node {
+    fn name(&self) -> &'static str {
         match self {
             Qwen35Node::Gdn { .. } => "gdn",
             Qwen35Node::QueryOf { .. } | Qwen35Node::OutputGate { .. } => "attn-gate",
         }
     }
 
-    /// Gradients of the inputs given `dout`; `None` where not `wanted`.
-    pub(crate) fn backward(&self, inputs: &[&Tensor], dout: &Tensor, wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
+    fn backward(&self, inputs: &[&Tensor], _output: &Tensor, dout: &Tensor, wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
         match self {
             Qwen35Node::Gdn { weights, seq, checkpoints, core } => Ok(gdn_backward(weights, *seq, checkpoints, core, inputs, dout)
                 .into_iter()
@@ -221,7 +218,7 @@ impl Tape {
     /// conv), `z: [rows, value_dim]`, `b`, `a: [rows, n_v_head]` ->
     /// `[rows, value_dim]` (the input of out_proj).
     pub fn gdn(&mut self, qkv: Var, z: Var, b: Var, a: Var, weights: &Arc<GdnWeights>, seq: usize) -> Result<Var> {
-        let _time = super::profile::timer("gdn", true);
+        let _time = crate::autograd::profile::timer("gdn", true);
         let d = weights.dims;
         let rows = self.value(qkv).rows();
         if seq == 0 || !rows.is_multiple_of(seq) {
@@ -241,26 +238,26 @@ impl Tape {
             core.extend(k);
         }
         let y = Tensor::from_vec(&[rows, d.value_dim()], out)?;
-        let kind = NodeKind::Qwen35(Qwen35Node::Gdn { weights: weights.clone(), seq, checkpoints, core });
-        Ok(self.push(kind, &[qkv, z, b, a], y))
+        let node = Box::new(Qwen35Node::Gdn { weights: weights.clone(), seq, checkpoints, core });
+        Ok(self.push_custom(node, &[qkv, z, b, a], y))
     }
 
     /// The query half of `q_full: [rows, n_head * 2 * head_dim]`.
     pub fn query_of(&mut self, q_full: Var, head_dim: usize) -> Result<Var> {
-        let _time = super::profile::timer("attn-gate", true);
+        let _time = crate::autograd::profile::timer("attn-gate", true);
         let f = self.value(q_full);
         if head_dim == 0 || !f.last_dim().is_multiple_of(2 * head_dim) {
             return Err(Error::Shape { what: "query_of input".into(), expected: vec![2 * head_dim], got: f.shape.clone() });
         }
         let data: Vec<f32> = f.data.chunks_exact(2 * head_dim).flat_map(|h| h[..head_dim].iter().copied()).collect();
         let y = Tensor::from_vec(&[f.rows(), f.last_dim() / 2], data)?;
-        Ok(self.push(NodeKind::Qwen35(Qwen35Node::QueryOf { head_dim }), &[q_full], y))
+        Ok(self.push_custom(Box::new(Qwen35Node::QueryOf { head_dim }), &[q_full], y))
     }
 
     /// `attn * sigmoid(gate)`, the gate being the second half of each head
     /// of `q_full`.
     pub fn output_gate(&mut self, attn: Var, q_full: Var, head_dim: usize) -> Result<Var> {
-        let _time = super::profile::timer("attn-gate", true);
+        let _time = crate::autograd::profile::timer("attn-gate", true);
         let (x, f) = (self.value(attn), self.value(q_full));
         if head_dim == 0 || x.len() * 2 != f.len() || !x.len().is_multiple_of(head_dim) {
             return Err(Error::Shape { what: "output_gate attn / q_full".into(), expected: vec![2 * x.len()], got: f.shape.clone() });
@@ -269,7 +266,7 @@ impl Tape {
         for (o, full) in y.data.chunks_exact_mut(head_dim).zip(f.data.chunks_exact(2 * head_dim)) {
             o.iter_mut().zip(&full[head_dim..]).for_each(|(o, &g)| *o *= sigmoid(g));
         }
-        Ok(self.push(NodeKind::Qwen35(Qwen35Node::OutputGate { head_dim }), &[attn, q_full], y))
+        Ok(self.push_custom(Box::new(Qwen35Node::OutputGate { head_dim }), &[attn, q_full], y))
     }
 }
 

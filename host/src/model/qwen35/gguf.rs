@@ -31,7 +31,7 @@
 //! The rotary `rope.dimension_sections` (interleaved MRoPE) are not read: for
 //! text every section sees the same position, which is plain rotary.
 use crate::model::config::{GdnConfig, LayerKind};
-use crate::model::gguf::Gguf;
+use crate::model::gguf::{Conventions, Gguf, Rewrite, Rewritten};
 use crate::model::source::{DType, RawTensor};
 use crate::{Error, Result};
 
@@ -189,17 +189,6 @@ impl TextShape {
     }
 }
 
-/// A rewritten tensor in HF convention (owned bytes).
-#[derive(Clone, Debug)]
-pub struct Rewritten {
-    /// Storage type (F32 when values changed).
-    pub dtype: DType,
-    /// HF shape.
-    pub shape: Vec<usize>,
-    /// The data.
-    pub bytes: Vec<u8>,
-}
-
 /// Undoes `undo` on `stored` (HF name, GGUF data, dims reversed).
 pub fn apply(undo: Undo, stored: &RawTensor<'_>, heads: Heads) -> Result<Rewritten> {
     let h = heads;
@@ -294,6 +283,27 @@ fn rows_from(stored: &RawTensor<'_>, src: impl Fn(usize) -> usize) -> Result<Vec
         out.extend_from_slice(&stored.bytes[s * row_bytes..(s + 1) * row_bytes]);
     }
     Ok(out)
+}
+
+
+/// The conventions of `qwen35` files: the linear-attention tensors' own
+/// names, and [`undo_for`]'s rewrites.
+pub struct Qwen35Gguf;
+
+impl Conventions for Qwen35Gguf {
+    fn layer_name(&self, rest: &str) -> Option<&'static str> {
+        hf_layer_name(rest)
+    }
+
+    fn rewrite(&self, _gguf: &Gguf, gguf_name: &str) -> Result<Option<Box<dyn Rewrite>>> {
+        Ok(undo_for(gguf_name).map(|u| Box::new(u) as Box<dyn Rewrite>))
+    }
+}
+
+impl Rewrite for Undo {
+    fn apply(&self, gguf: &Gguf, stored: &RawTensor<'_>) -> Result<Rewritten> {
+        apply(*self, stored, Heads::from_gguf(gguf)?)
+    }
 }
 
 #[cfg(test)]

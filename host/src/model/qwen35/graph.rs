@@ -16,11 +16,12 @@
 //! Frozen projections are built by a [`ProjectionFactory`] (kind
 //! `Recurrent` for the GDN ones, from the descriptor), so the split runtime
 //! can route them to the NPU with FP16 weights.
-use crate::train::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
-use crate::autograd::gdn_node::GdnWeights;
-use crate::autograd::{counter_rng, SegmentFn, Tape, Var};
+use crate::autograd::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
+use super::gdn_node::GdnWeights;
+use crate::base::counter_rng;
+use crate::autograd::{SegmentFn, Tape, Var};
 use crate::model::config::{Arch, LayerKind, ModelConfig};
-use crate::model::cpu_projection::CpuProjection;
+use crate::ops::cpu_projection::CpuProjection;
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::source::TensorSource;
@@ -203,7 +204,7 @@ impl TrainableModel for Qwen35Graph {
 
     fn activation_bytes_per_token_layer(&self) -> usize {
         let c = &self.shared.cfg;
-        let g = c.gdn.map_or(0, |g| 3 * g.conv_dim() + 4 * g.value_dim() + g.n_v_head * g.k_dim * g.v_dim / crate::autograd::gdn_node::CHECKPOINT_EVERY);
+        let g = c.gdn.map_or(0, |g| 3 * g.conv_dim() + 4 * g.value_dim() + g.n_v_head * g.k_dim * g.v_dim / super::gdn_node::CHECKPOINT_EVERY);
         let attn = 2 * (2 * c.n_head + 2 * c.n_kv_head) * c.head_dim;
         4 * (8 * c.hidden_size + 4 * c.intermediate_size + g.max(attn))
     }

@@ -3,6 +3,7 @@
 //! graph ([`graph::Qwen35Graph`]). Inference runs in the shared
 //! [`crate::model::decoder::Model`].
 pub mod gdn;
+pub mod gdn_node;
 pub mod gguf;
 pub mod graph;
 
@@ -11,9 +12,9 @@ pub use graph::Qwen35Graph;
 
 use super::arch::Architecture;
 use super::checkpoint::Checkpoint;
-use super::cpu_projection::FrozenDtype;
+use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
-use crate::train::graph::TrainableModel;
+use crate::autograd::graph::TrainableModel;
 use crate::Result;
 
 /// Qwen3.5.

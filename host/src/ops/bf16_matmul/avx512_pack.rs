@@ -4,7 +4,7 @@
 //! the way ([`Source`]), activations rounded 16 lanes at a time
 //! ([`round16`]), and the register transposes both kernels' layouts need.
 
-use crate::model::source::DType;
+use crate::base::dtype::DType;
 
 /// Values of one quantized block, and of one [`Source::load32`].
 const BLOCK: usize = 32;

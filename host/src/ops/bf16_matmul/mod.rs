@@ -29,7 +29,7 @@
 //! Both split the output into column panels over rayon; each output element
 //! is summed by one thread in a fixed order, so results do not depend on
 //! the thread count.
-use crate::model::source::DType;
+use crate::base::dtype::DType;
 use half::bf16;
 #[cfg(target_arch = "x86_64")]
 use rayon::prelude::*;
@@ -328,30 +328,7 @@ pub fn input_grad<'a>(kernel: Kernel, out: &mut [f32], dy: &[f32], tokens: usize
     }
 }
 
-/// What a LoRA-carrying product did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Carried {
-    /// Nothing (nothing written): the caller runs the branch itself.
-    No,
-    /// The branch; the caller computes `dB` (input gradient).
-    Branch,
-    /// The branch and `dB` (input gradient only).
-    BranchAndDb,
-}
-
-/// A LoRA branch `scale x A^T B^T` (`a: [rank, in]`, `b: [out, rank]`,
-/// f32) to carry on a frozen product ([`forward_lora`], [`input_grad_lora`]).
-#[derive(Clone, Copy)]
-pub struct LoraFactors<'a> {
-    /// `A: [rank, in]`.
-    pub a: &'a [f32],
-    /// `B: [out, rank]`.
-    pub b: &'a [f32],
-    /// `r`.
-    pub rank: usize,
-    /// `lora_alpha / r`.
-    pub scale: f32,
-}
+pub use crate::projection::{Carried, LoraFactors};
 
 impl LoraFactors<'_> {
     /// `([A_hi; A_lo], [B_hi | B_hi | B_lo])` as bf16 bits, for the forward
