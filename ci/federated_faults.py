@@ -91,10 +91,14 @@ def certificates(d: Path) -> None:
 
 
 def superlink() -> subprocess.Popen:
+    """The SuperLink over TLS. Its state is kept in a database file: a
+    SuperNode that outlives a SuperLink restart reconnects with the node id
+    the database still knows (with the state in memory, Flower 1.42's
+    SuperNodes retry forever and are never let back in)."""
     tls = WORK / "tls"
     return daemon(
         [VENV / "bin/flower-superlink", "--ssl-ca-certfile", tls / "ca.pem", "--ssl-certfile", tls / "server.pem", "--ssl-keyfile", tls / "server.key",
-         "--host", "127.0.0.1", "--port", PORT, "--disable-runtime-dependency-installation"],
+         "--host", "127.0.0.1", "--port", PORT, "--disable-runtime-dependency-installation", "--database", FLOWER / "superlink.db"],
         FLOWER / "superlink.log", FLOWER / "home")
 
 
@@ -227,7 +231,12 @@ def run_fault_schedule(procs: dict) -> None:
         print(f"round {r}: shards {m.get('shards')} nodes {m.get('nodes')} failed {m.get('failed_nodes')} dev_loss {m.get('dev_loss')}", flush=True)
     check(by.get(1, {}).get("shards") == ["0/3", "1/3", "2/3"], "round 1 had all three shards")
     r2 = by.get(2, {})
-    check(r2.get("shards") == ["0/3", "1/3"] and len(r2.get("failed_nodes", [])) == 1, "round 2: shards 0/3 and 1/3, one failed node (SuperNode 2)")
+    r1 = by.get(1, {})
+    node2 = [n for n in r1.get("nodes", []) if n not in r2.get("nodes", [])]
+    check(r2.get("shards") == ["0/3", "1/3"] and r2.get("failed_nodes") == node2 and len(node2) == 1,
+          "round 2: shards 0/3 and 1/3; the failed node is round 1's third node (SuperNode 2)")
+    check(all(n not in r1.get("nodes", []) for n in by.get(4, {}).get("nodes", []) if n not in r2.get("nodes", [])),
+          "the restarted SuperNode 2 answers under a new node id")
     later = [by.get(r, {}) for r in (3, 4)]
     check(any("2/3" in m.get("shards", []) for m in later), "shard 2/3 answers again in a later round (the restarted SuperNode)")
     check(by.get(4, {}).get("dev_loss", 1e9) < by.get(0, {}).get("dev_loss", 0) - 1e-3, "the held-out loss fell from round 0 to round 4")

@@ -35,6 +35,14 @@ class Recorded:
     a round without parameters."""
 
     last: dict
+    sent: list
+
+    def configure_train(self, *args, **kwargs):
+        """The round's instructions, remembering which nodes they go to (an
+        error reply for an unreachable node does not carry its id)."""
+        messages = list(super().configure_train(*args, **kwargs))
+        self.sent = sorted(int(m.metadata.dst_node_id) for m in messages)
+        return messages
 
     def aggregate_train(self, server_round: int, replies):
         replies = list(replies)
@@ -53,7 +61,7 @@ class Recorded:
             # each worker that answered, and the ids of those that failed.
             "shards": sorted(shard(m) for m in ok),
             "nodes": sorted(int(m.metadata.src_node_id) for m in ok),
-            "failed_nodes": sorted(int(m.metadata.src_node_id) for m in replies if m.has_error()),
+            "failed_nodes": sorted(set(getattr(self, "sent", [])) - {int(m.metadata.src_node_id) for m in ok}),
             "examples": sum(int(m.content["metrics"]["num-examples"]) for m in ok),
             "train_loss": float(metrics["train-loss"]) if metrics is not None else None,
         }

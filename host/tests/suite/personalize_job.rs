@@ -312,7 +312,8 @@ fn qwen35_keeps_recurrent_projections_in_fp16_on_the_service() {
 
 /// SIGTERM during the start-up planner (SmolLM2, no plan cache, the
 /// default buckets: about a minute of probes natively in a release build)
-/// ends the process within seconds, exit 0, saying so, with no commit.
+/// ends the process within 2 s (one probe), exit 0, saying so, with no
+/// commit.
 #[test]
 fn sigterm_during_the_planner_exits_promptly_without_a_commit() {
     let Some(model) = support::smollm2() else { return };
@@ -335,7 +336,8 @@ fn sigterm_during_the_planner_exits_promptly_without_a_commit() {
     let log = String::from_utf8_lossy(&done.stdout);
     assert!(done.status.success(), "{log}{}", String::from_utf8_lossy(&done.stderr));
     assert!(log.contains("SIGTERM: stopped during start-up planning"), "the planner finished before SIGTERM, or ignored it: {log}");
-    assert!(waited < Duration::from_secs(10), "exit {waited:?} after SIGTERM");
+    eprintln!("personalize exited {waited:?} after SIGTERM during the planner");
+    assert!(waited < Duration::from_secs(2), "exit {waited:?} after SIGTERM (the issue's bar: 2 s)");
     assert!(!out.join("commit.safetensors").exists());
 }
 
