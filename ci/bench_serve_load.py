@@ -14,8 +14,9 @@ second.
 Prints latency p50/p99 of the answered requests (whole answer, streamed or
 not), answers and refusals per second, and RSS after the warm-up and at the
 end. Fails on any 5xx, any refusal that is not a 429 in the OpenAI error
-shape, any answer without text, or RSS growing by more than 16 MiB after
-the warm-up.
+shape, any answer without a finish reason (an empty answer is the model's
+when it says `stop`: the base model given a raw completion prompt may end
+at once), or RSS growing by more than 16 MiB after the warm-up.
 """
 import json
 import signal
@@ -42,7 +43,8 @@ def rss_mib(pid):
 
 
 def request(url, model, i):
-    """One request; returns (status, seconds, text or error body)."""
+    """One request; returns (status, seconds, text or error body, finish
+    reason)."""
     stream = i % 2 == 1
     n = 8 + 8 * (i % 3)
     if i % 4 < 2:
@@ -57,17 +59,19 @@ def request(url, model, i):
             raw = r.read().decode()
             status = r.status
     except urllib.error.HTTPError as e:
-        return e.code, time.perf_counter() - t, e.read().decode()
+        return e.code, time.perf_counter() - t, e.read().decode(), None
     secs = time.perf_counter() - t
     if stream:
         events = [json.loads(l[6:]) for l in raw.splitlines() if l.startswith("data: ") and l != "data: [DONE]"]
         text = "".join((c.get("delta", {}).get("content") or c.get("text") or "") for e in events for c in e["choices"])
+        finish = next((c.get("finish_reason") for e in events for c in e["choices"] if c.get("finish_reason")), None)
         assert raw.rstrip().endswith("data: [DONE]"), raw[-200:]
     else:
         v = json.loads(raw)
         c = v["choices"][0]
         text = c["message"]["content"] if "message" in c else c["text"]
-    return status, secs, text
+        finish = c.get("finish_reason")
+    return status, secs, text, finish
 
 
 def main():
@@ -82,12 +86,12 @@ def main():
     assert set(ADAPTERS) <= set(models), models
     start = time.perf_counter()
     end = start + WARMUP + duration
-    results, lock, failures = [], threading.Lock(), []
+    results, lock, failures, empty = [], threading.Lock(), [], [0]
 
     def client(k):
         i = k
         while time.perf_counter() < end:
-            status, secs, text = request(url, models[i % len(models)], i)
+            status, secs, text, finish = request(url, models[i % len(models)], i)
             at = time.perf_counter() - start
             with lock:
                 results.append((at, status, secs))
@@ -95,8 +99,12 @@ def main():
                     failures.append(f"{status}: {text[:200]}")
                 elif status == 429 and json.loads(text).get("error", {}).get("type") != "rate_limit_error":
                     failures.append(f"429 not in the OpenAI error shape: {text[:200]}")
-                elif status == 200 and not text:
-                    failures.append(f"an answer without text ({models[i % len(models)]}, request {i})")
+                elif status == 200 and finish not in ("stop", "length"):
+                    failures.append(f"an answer without a finish reason ({models[i % len(models)]}, request {i}): {finish!r}")
+                elif status == 200 and not text and finish != "stop":
+                    failures.append(f"an empty answer cut by length ({models[i % len(models)]}, request {i})")
+                if status == 200 and not text:
+                    empty[0] += 1
             if status == 429:
                 time.sleep(0.05)
             i += clients
@@ -124,6 +132,7 @@ def main():
     print(f"answered {len(ok)} ({len(ok) / duration:.2f}/s), refused 429 {refused} ({refused / duration:.2f}/s), other {len(timed) - len(ok) - refused}")
     print(f"latency of answers: p50 {q(0.5):.0f} ms, p99 {q(0.99):.0f} ms, worst {ok[-1] * 1e3:.0f} ms" if ok else "no answers")
     print(f"RSS after the warm-up {rss0:.1f} MiB, highest after it {max(after_warmup or [rss0]):.1f} MiB, at the end {final_rss:.1f} MiB")
+    print(f"answers that were empty (the model ended at once, finish_reason stop): {empty[0]}")
     print(f"server exit after SIGTERM: {code}")
     grew = max(after_warmup or [rss0]) - rss0
     if grew > 16:
