@@ -88,7 +88,7 @@ struct LearnArgs {
     #[arg(long, default_value_t = 16.0, value_parser = positive, requires = "learn")]
     learn_alpha: f32,
     /// Where the learner's frozen products run, as for `personalize`
-    /// (without `--learn` these are ignored, with a warning).
+    /// (refused without `--learn`).
     #[command(flatten)]
     dsp: DspArgs,
 }
@@ -96,9 +96,12 @@ struct LearnArgs {
 impl LearnArgs {
     fn setup(&self, model: &std::path::Path) -> anyhow::Result<Option<LearnSetup>> {
         let Some(dir) = &self.learn else {
+            // As `requires = "learn"` did before these options were shared
+            // with `personalize`: refused, not ignored.
             let mut given = self.dsp.dsp_only().to_vec();
             given.push(("--device", self.dsp.device != Device::Dsp));
-            super::args::warn_ignored("without --learn nothing trains (answers run on the CPU)", &given);
+            let named: Vec<&str> = given.iter().filter(|(_, g)| *g).map(|(n, _)| *n).collect();
+            anyhow::ensure!(named.is_empty(), "{} set(s) where the learner's frozen products run, and needs --learn DIR", named.join(", "));
             return Ok(None);
         };
         if self.dsp.device == Device::Cpu {
