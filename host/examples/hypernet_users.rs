@@ -134,7 +134,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("user {}: no profile item fits the context, skipped", user.id);
             continue;
         }
-        let pass = embed_forward(&model.graph, &net.embedder, &context, None, false, &[])?;
+        let pass = embed_forward(&*model.graph, &net.embedder, &context, None, false, &[])?;
         let (outs, _) = net.heads.forward(&pass.embedding)?;
         let adapter = net.heads.to_adapter(outs, net.config.out_lora());
         for (name, d) in effects(&adapter) {

@@ -109,6 +109,18 @@ pub trait TrainableModel: Send + Sync {
     /// scalar mean loss. When `logits` is given, `[batch * seq, vocab]`
     /// logits are appended to it.
     fn loss(&self, tape: &mut Tape, batch: &Batch, lora: &LoraVars, opts: &GraphOptions, logits: Option<&mut Vec<f32>>) -> Result<Var>;
+    /// Width of the hidden states (the embedding of one token).
+    fn hidden_size(&self) -> usize;
+    /// Records the layers and the final norm for `input_ids` (`[batch,
+    /// seq]`, equal lengths) with `lora` attached and returns the normed
+    /// hidden states `[batch * seq, hidden]`: what [`TrainableModel::loss`]
+    /// feeds the head. `causal = false` lets every token attend to the whole
+    /// sequence in the attention layers (the hypernetwork's embedder); a
+    /// recurrent mixer (Qwen3.5's Gated DeltaNet) reads only the past either
+    /// way. `recompute_layers` as in [`GraphOptions::recompute_layers`].
+    fn hidden_states(&self, tape: &mut Tape, input_ids: &[Vec<u32>], lora: &LoraVars, recompute_layers: &[bool], causal: bool) -> Result<Var>;
+    /// The frozen vocabulary head (`[vocab, hidden]`).
+    fn head(&self) -> &Arc<dyn Projection>;
 }
 
 #[cfg(test)]

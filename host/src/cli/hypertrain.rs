@@ -13,7 +13,7 @@ use hexlora::lora::Adapter;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::Decay;
 use hexlora::model::checkpoint::Checkpoint;
-use hexlora::model::llama::DecoderGraph;
+use hexlora::ops::cpu_projection::FrozenDtype;
 use hexlora::train::text_encoder::ModelText;
 use std::path::{Path, PathBuf};
 
@@ -294,12 +294,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return Err(hexlora::Error::invalid(flag, format!("{v} is more than the model's {positions} positions (max_position_embeddings)")).into());
         }
     }
-    let model = DecoderGraph::load(ckpt.tensors(), ckpt.config.clone())?;
+    let model = hexlora::train::trainable(&ckpt, FrozenDtype::F32, false)?;
     let text = ModelText::of(&ckpt)?;
     let common = args.common_lora.as_deref().map(Adapter::load).transpose()?;
     let fresh = match &args.init_hypernet {
-        Some(dir) => HyperNet::load(dir, &model)?,
-        None => HyperNet::init(hyper_config(&args, common.as_ref()), &model, common.as_ref(), args.seed)?,
+        Some(dir) => HyperNet::load(dir, &*model)?,
+        None => HyperNet::init(hyper_config(&args, common.as_ref()), &*model, common.as_ref(), args.seed)?,
     };
     let train = train_config(&args);
     let total = train.simcse_steps + train.e2e_steps;
@@ -310,15 +310,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         true => None,
         false => {
             let keep = Keep { resume: args.resume, every_check: args.keep_dev_checkpoints, check_every: args.dev_every.max(1), total };
-            Some(DevCheckpoints::start(&model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, keep, args.start_step)?)
+            Some(DevCheckpoints::start(&*model, &text, &fresh, &dev, common.as_ref(), &train, &args.out, keep, args.start_step)?)
         }
     };
     let hooks = checkpoints.as_mut().map(|c| c as &mut dyn StepHooks<HyperState>);
     let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: args.local_steps, commit_every: args.commit_every, hooks };
     let stop = hexlora::signals::StopRequest::install()?;
     let state = match args.init_hypernet {
-        Some(_) => hypertrain_from(&model, &text, &users, StartFrom { net: fresh, step: args.start_step }, common.as_ref(), &train, &args.out, run)?,
-        None => hypertrain(&model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?,
+        Some(_) => hypertrain_from(&*model, &text, &users, StartFrom { net: fresh, step: args.start_step }, common.as_ref(), &train, &args.out, run)?,
+        None => hypertrain(&*model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?,
     };
     if let Some(signal) = stop.requested() {
         println!("{signal}: stopped after step {} (committed); rerun the same command with --resume to continue", state.step);

@@ -6,8 +6,8 @@
 //! method (the hypernetwork) only has to say which adapter a user gets.
 //!
 //! Training uses the real engine: [`crate::train::trainer::train`] on the
-//! [`crate::model::llama::DecoderGraph`], [`crate::optim::mezo::Mezo`]
-//! with losses from [`crate::train::grad::evaluate`].
+//! architecture's training graph ([`EvalModel::graph`]) and the training
+//! loop's MeZO step ([`crate::train::mezo_loop::mezo_step`]).
 use super::bench::{commit_subject, git_area, mail, quotes, sotu};
 use super::dataset::{ProfileItem, Query, Split, User};
 use super::method::{Decoding, Method, UserPrep};
@@ -327,7 +327,7 @@ impl ModelMethod {
     fn train_into(&self, data: &[Batch], budget: Budget, seed: u64, init: Option<&Adapter>, dir: &Path) -> Result<(Adapter, UserPrep)> {
         let graph: &dyn TrainableModel = match &self.split {
             Some((_, split)) if self.kind == MethodKind::UserLora => &*split.graph,
-            _ => &self.model.graph,
+            _ => &*self.model.graph,
         };
         let start = Instant::now();
         fresh_dir(dir)?;
@@ -362,7 +362,7 @@ impl ModelMethod {
         };
         let state = MezoState { adapter, step: 0, cursor: 0, history: Vec::new(), fingerprint: format!("eval mezo {seed:016x}") };
         let learner = Learner { out: dir, total: steps, title: "per-user MeZO loss" };
-        let state = learner.run(state, learner::RunOptions::quiet(), |s| mezo_step(&self.model.graph, data, &config, s))?;
+        let state = learner.run(state, learner::RunOptions::quiet(), |s| mezo_step(&*self.model.graph, data, &config, s))?;
         Ok((state.adapter, prep_of(&state.history, start)))
     }
 
@@ -494,10 +494,10 @@ impl Method for ModelMethod {
         let (data, held) = hold_out(data);
         let dir = self.cfg.work_dir.join(if self.kind == MethodKind::MetaIclLora { "metaicl-lora" } else { "common-lora" });
         // A fresh PEFT adapter has B = 0: its loss is the base model's.
-        let fresh = Adapter::init(self.lora_config(), &self.model.graph.projections(), 0)?;
-        let before = evaluate(&self.model.graph, &fresh, &held)?;
+        let fresh = Adapter::init(self.lora_config(), &*self.model.graph.projections(), 0)?;
+        let before = evaluate(&*self.model.graph, &fresh, &held)?;
         let (adapter, _) = self.train_into(&data, self.cfg.common, self.cfg.seed, None, &dir)?;
-        let after = evaluate(&self.model.graph, &adapter, &held)?;
+        let after = evaluate(&*self.model.graph, &adapter, &held)?;
         write_held_out(&dir, data.len(), held.len(), before, after)?;
         self.common = Some(adapter);
         Ok(())

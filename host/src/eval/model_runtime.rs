@@ -1,19 +1,18 @@
 //! One loaded model as the model-backed methods use it: the inference
 //! [`Model`] (generation, answer log-likelihoods) with swappable LoRA slots,
-//! the training [`DecoderGraph`] over the *same* frozen projections, and the
+//! the architecture's training graph ([`crate::model::arch::of`]) over the
+//! *same* frozen projections, and the
 //! model's tokenizer and chat template.
 use crate::lora::slots::AdapterSlots;
 use crate::lora::Adapter;
 use crate::model::chat::{ChatTemplate, Message};
-use crate::model::config::ModelConfig;
 use crate::model::decoder::{cpu_projection, Model, SharedProjections};
 use crate::model::generate::{decode, generate, prefill, Sampling};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::source::{RawTensor, TensorSource};
+use crate::model::source::RawTensor;
 use crate::model::tokenizer::Tokenizer;
 use crate::projection::ProjectionInfo;
-use crate::model::llama::DecoderGraph;
-use crate::autograd::graph::Batch;
+use crate::autograd::graph::{Batch, TrainableModel};
 use crate::{Error, Result};
 use std::cell::RefCell;
 use std::path::Path;
@@ -38,7 +37,7 @@ pub struct EvalModel {
     /// Inference model; its projections carry adapter slots.
     pub model: Model,
     /// Training graph sharing the frozen projections with `model`.
-    pub graph: DecoderGraph,
+    pub graph: Box<dyn TrainableModel>,
     tokenizer: Tokenizer,
     chat: ChatTemplate,
     slots: AdapterSlots,
@@ -51,14 +50,15 @@ impl EvalModel {
     /// Opens a GGUF file or a Hugging Face directory (ChatML models only).
     pub fn open(path: &Path) -> Result<Self> {
         let ckpt = Checkpoint::open(path)?;
-        Self::build(path, ckpt.tensors(), ckpt.config.clone(), ckpt.tokenizer()?, ckpt.template()?)
+        Self::build(path, &ckpt, ckpt.tokenizer()?, ckpt.template()?)
     }
 
-    fn build(path: &Path, src: &dyn TensorSource, cfg: ModelConfig, tokenizer: Tokenizer, chat: ChatTemplate) -> Result<Self> {
+    fn build(path: &Path, ckpt: &Checkpoint, tokenizer: Tokenizer, chat: ChatTemplate) -> Result<Self> {
+        let (src, cfg) = (ckpt.tensors(), ckpt.config.clone());
         // Each frozen weight is dequantized once and shared by both models.
         let shared = SharedProjections::new(&cpu_projection);
         let get = |info: ProjectionInfo, raw: &RawTensor<'_>| shared.get(info, raw);
-        let graph = DecoderGraph::load_with(src, cfg.clone(), &get, crate::ops::cpu_projection::FrozenDtype::F32)?;
+        let graph = crate::model::arch::of(&cfg).training_graph(ckpt, &get, crate::ops::cpu_projection::FrozenDtype::F32, false)?;
         let slots = RefCell::new(AdapterSlots::default());
         let wrap = |info: ProjectionInfo, raw: &RawTensor<'_>| Ok(slots.borrow_mut().wrap(get(info, raw)?));
         let model = Model::load(cfg, src, &wrap)?;

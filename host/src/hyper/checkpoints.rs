@@ -9,7 +9,7 @@ use super::HyperNet;
 use crate::base::atomic_write::write_atomic;
 use crate::base::counter_rng;
 use crate::lora::Adapter;
-use crate::model::llama::DecoderGraph;
+use crate::autograd::graph::TrainableModel;
 use crate::train::learner::StepHooks;
 use crate::train::text_encoder::ModelText;
 use crate::{Error, Result};
@@ -35,7 +35,7 @@ pub struct Keep {
 /// chosen on the dev users; with `every_check`, each checked network also
 /// in `hypernet-step<N>/`, so checkpoints can be scored on a task's metric.
 pub struct DevCheckpoints<'a> {
-    model: &'a DecoderGraph,
+    model: &'a dyn TrainableModel,
     set: HeldOutSet,
     path: PathBuf,
     best_dir: PathBuf,
@@ -47,7 +47,7 @@ impl<'a> DevCheckpoints<'a> {
     /// Fixes the held-out examples of `dev`, and on a fresh run records the
     /// common LoRA's loss and the untrained network's (at `step`).
     #[allow(clippy::too_many_arguments)]
-    pub fn start(model: &'a DecoderGraph, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, keep: Keep, step: u64) -> Result<Self> {
+    pub fn start(model: &'a dyn TrainableModel, text: &ModelText, fresh: &HyperNet, dev: &[UserRecord], common: Option<&Adapter>, train: &HyperTrainConfig, out: &Path, keep: Keep, step: u64) -> Result<Self> {
         let set = HeldOutSet::new(text, fresh, dev, counter_rng::derive(train.seed, 0x6465_76), train.target_examples, train.max_len)?;
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
         let best_dir = out.join(BEST_DIR);

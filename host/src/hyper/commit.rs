@@ -6,7 +6,7 @@ use super::config::HyperConfig;
 use super::hypernet::HyperNet;
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::train::commit::{read_commit, write_commit_borrowed};
-use crate::model::llama::DecoderGraph;
+use crate::autograd::graph::TrainableModel;
 use crate::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -99,7 +99,7 @@ impl HyperState {
     }
 
     /// Reads the last commit of a run directory for `model`, if there is one.
-    pub fn load(dir: &Path, model: &DecoderGraph) -> Result<Option<HyperState>> {
+    pub fn load(dir: &Path, model: &dyn TrainableModel) -> Result<Option<HyperState>> {
         let Some((f, header, what)) = read_commit::<Header>(dir, "hexlora_hyper_state", "not a hexlora hypernetwork commit")? else {
             return Ok(None);
         };

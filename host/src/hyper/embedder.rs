@@ -17,7 +17,7 @@ use crate::base::counter_rng;
 use crate::autograd::{Tape, Var};
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
-use crate::model::llama::DecoderGraph;
+use crate::autograd::graph::TrainableModel;
 use crate::autograd::graph::LoraVars;
 use crate::{Error, Result};
 
@@ -40,8 +40,8 @@ pub struct EmbedPass {
 
 /// Runs the embedder on `context` token ids. `dropout_seed` turns on the
 /// embedder LoRA's dropout (SimCSE views); `with_grad` records the tape for
-/// [`embed_backward`]. `recompute` as in [`DecoderGraph::hidden_states`].
-pub fn embed_forward(model: &DecoderGraph, lora: &Adapter, context: &Context, dropout_seed: Option<u64>, with_grad: bool, recompute: &[bool]) -> Result<EmbedPass> {
+/// [`embed_backward`]. `recompute` as in [`TrainableModel::hidden_states`].
+pub fn embed_forward(model: &dyn TrainableModel, lora: &Adapter, context: &Context, dropout_seed: Option<u64>, with_grad: bool, recompute: &[bool]) -> Result<EmbedPass> {
     if context.is_empty() {
         return Err(Error::invalid("hypernetwork context", "is empty (no example fits the token budget)"));
     }

@@ -14,7 +14,7 @@ use super::users::Context;
 use crate::autograd::Tape;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
-use crate::model::llama::DecoderGraph;
+use crate::autograd::graph::TrainableModel;
 use crate::autograd::graph::LoraVars;
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -80,7 +80,7 @@ pub struct UserLoss {
 
 /// Hidden states of the teacher for `ex`: `[len, hidden]` rows aligned with
 /// the student's (the prefix rows dropped).
-fn teacher_hidden(model: &DecoderGraph, lora: Option<&Adapter>, prefix: &[u32], ex: &Example, recompute: &[bool]) -> Result<Vec<f32>> {
+fn teacher_hidden(model: &dyn TrainableModel, lora: Option<&Adapter>, prefix: &[u32], ex: &Example, recompute: &[bool]) -> Result<Vec<f32>> {
     let mut tape = Tape::new();
     let (factors, scaling) = match lora {
         Some(a) => (a.modules.iter().map(|m| (m.name.clone(), (tape.constant(m.a.clone()), tape.constant(m.b.clone())))).collect(), a.config.scaling()),
@@ -95,7 +95,7 @@ fn teacher_hidden(model: &DecoderGraph, lora: Option<&Adapter>, prefix: &[u32], 
 
 /// Target pass of one example with the generated factors as parameters;
 /// adds `dL/dA`, `dL/dB` into `dfactors` (heads order) and returns `(ce, kl)` sums.
-fn target_pass(model: &DecoderGraph, net: &HyperNet, factors: &[Tensor], ex: &Example, teacher: Option<&[f32]>, opts: &E2eOptions<'_>, denom: f32, dfactors: &mut [Tensor]) -> Result<(f64, f64)> {
+fn target_pass(model: &dyn TrainableModel, net: &HyperNet, factors: &[Tensor], ex: &Example, teacher: Option<&[f32]>, opts: &E2eOptions<'_>, denom: f32, dfactors: &mut [Tensor]) -> Result<(f64, f64)> {
     let mut tape = Tape::new();
     let vars: Vec<_> = factors.iter().map(|t| tape.param(t.clone())).collect();
     let mut map = HashMap::new();
@@ -117,7 +117,7 @@ fn target_pass(model: &DecoderGraph, net: &HyperNet, factors: &[Tensor], ex: &Ex
 
 /// Loss of `user` under `net` and its gradient, scaled by `grad_scale`,
 /// added into `grads` (layout of [`HyperNet::params`]).
-pub fn user_loss_and_grads(model: &DecoderGraph, net: &HyperNet, user: &UserBatch, opts: &E2eOptions<'_>, grad_scale: f32, grads: &mut [Tensor]) -> Result<UserLoss> {
+pub fn user_loss_and_grads(model: &dyn TrainableModel, net: &HyperNet, user: &UserBatch, opts: &E2eOptions<'_>, grad_scale: f32, grads: &mut [Tensor]) -> Result<UserLoss> {
     if grads.len() != net.embedder_len() + net.heads.params.len() {
         return Err(Error::Shape { what: "hypernetwork gradients".into(), expected: vec![net.embedder_len() + net.heads.params.len()], got: vec![grads.len()] });
     }

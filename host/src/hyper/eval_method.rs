@@ -51,7 +51,7 @@ impl HypernetMethod {
     /// Loads the hypernetwork in `dir` for `model` (opened from
     /// `model_path`, whose tokenizer renders the context).
     pub fn open(model: Arc<EvalModel>, model_path: &Path, dir: &Path, max_prompt_chars: usize) -> Result<Self> {
-        let net = HyperNet::load(dir, &model.graph)?;
+        let net = HyperNet::load(dir, &*model.graph)?;
         let text = ModelText::open(model_path)?;
         Ok(HypernetMethod { model, net, text, dir: dir.to_path_buf(), max_prompt_chars, label_score: LabelScore::Mean, user: None, scored: HashMap::new() })
     }
@@ -103,7 +103,7 @@ impl Method for HypernetMethod {
         if context.is_empty() {
             return Ok(UserPrep::default());
         }
-        self.user = Some(self.net.synthesize(&self.model.graph, &context)?);
+        self.user = Some(self.net.synthesize(&*self.model.graph, &context)?);
         Ok(UserPrep { seconds: start.elapsed().as_secs_f64(), tokens: context.len() as u64, loss_curve: Vec::new() })
     }
 

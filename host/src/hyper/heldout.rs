@@ -8,7 +8,7 @@ use super::hypernet::HyperNet;
 use super::users::{sample_user, UserRecord};
 use crate::lora::Adapter;
 use crate::train::data::Encoder;
-use crate::model::llama::DecoderGraph;
+use crate::autograd::graph::TrainableModel;
 use crate::train::grad::evaluate;
 use crate::autograd::graph::Batch;
 use crate::Result;
@@ -38,16 +38,16 @@ impl HeldOutSet {
     }
 
     /// Token-mean cross-entropy with each user's synthesized LoRA.
-    pub fn hypernet_loss(&self, model: &DecoderGraph, net: &HyperNet) -> Result<f64> {
+    pub fn hypernet_loss(&self, model: &dyn TrainableModel, net: &HyperNet) -> Result<f64> {
         self.mean(model, |u| net.synthesize(model, &u.context))
     }
 
     /// Token-mean cross-entropy with one adapter for everybody.
-    pub fn adapter_loss(&self, model: &DecoderGraph, adapter: &Adapter) -> Result<f64> {
+    pub fn adapter_loss(&self, model: &dyn TrainableModel, adapter: &Adapter) -> Result<f64> {
         self.mean(model, |_| Ok(adapter.clone()))
     }
 
-    fn mean(&self, model: &DecoderGraph, adapter_of: impl Fn(&UserBatch) -> Result<Adapter>) -> Result<f64> {
+    fn mean(&self, model: &dyn TrainableModel, adapter_of: impl Fn(&UserBatch) -> Result<Adapter>) -> Result<f64> {
         let (mut total, mut count) = (0f64, 0usize);
         for u in &self.users {
             let adapter = adapter_of(u)?;

@@ -11,7 +11,6 @@ use crate::base::tensor_file::TensorFile;
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
 use crate::base::atomic_write::write_atomic;
-use crate::model::llama::DecoderGraph;
 use crate::autograd::graph::TrainableModel;
 use crate::base::counter_rng;
 use crate::{Error, Result};
@@ -61,11 +60,11 @@ impl HyperNet {
     /// A fresh hypernetwork for `model`: embedder LoRA with PEFT's init
     /// (B = 0, so the embedder starts as the bidirectional base model),
     /// heads emitting `common` (or PEFT's init) until trained.
-    pub fn init(config: HyperConfig, model: &DecoderGraph, common: Option<&Adapter>, seed: u64) -> Result<HyperNet> {
+    pub fn init(config: HyperConfig, model: &dyn TrainableModel, common: Option<&Adapter>, seed: u64) -> Result<HyperNet> {
         config.check()?;
         let projections = model.projections();
         let embedder = Adapter::init(config.embed_lora(), &projections, counter_rng::derive(seed, 7))?;
-        let heads = Heads::new(config.variant, model.config().hidden_size, config.bottleneck, &config.out_lora(), &projections, common, (config.center, config.standardize), counter_rng::derive(seed, 8))?;
+        let heads = Heads::new(config.variant, model.hidden_size(), config.bottleneck, &config.out_lora(), &projections, common, (config.center, config.standardize), counter_rng::derive(seed, 8))?;
         Ok(HyperNet { config, embedder, heads })
     }
 
@@ -112,7 +111,7 @@ impl HyperNet {
 
     /// Stage 2: the LoRA for a user whose rendered context is `context`
     /// (token ids), in one forward pass.
-    pub fn synthesize(&self, model: &DecoderGraph, context: &Context) -> Result<Adapter> {
+    pub fn synthesize(&self, model: &dyn TrainableModel, context: &Context) -> Result<Adapter> {
         let pass = embed_forward(model, &self.embedder, context, None, false, &[])?;
         let (outs, _) = self.heads.forward(&pass.embedding)?;
         Ok(self.heads.to_adapter(outs, self.config.out_lora()))
@@ -141,7 +140,7 @@ impl HyperNet {
 
     /// Reads a hypernetwork directory for `model` (the head layout follows
     /// the model's projections; every tensor must be present with its shape).
-    pub fn load(dir: &Path, model: &DecoderGraph) -> Result<HyperNet> {
+    pub fn load(dir: &Path, model: &dyn TrainableModel) -> Result<HyperNet> {
         let cpath = dir.join(CONFIG_FILE);
         let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
         let config: HyperConfig = serde_json::from_str(&text).map_err(|e| Error::format(cpath.display().to_string(), e.to_string()))?;

@@ -16,7 +16,6 @@ use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::optim::schedule::{clip_grad_norm, Decay, Schedule};
 use crate::tensor::Tensor;
 use crate::train::data::Encoder;
-use crate::model::llama::DecoderGraph;
 use crate::autograd::graph::TrainableModel;
 use crate::train::learner::{open_state, Learner, RunOptions};
 use crate::train::trainer::example_index;
@@ -83,7 +82,7 @@ fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord]) 
 /// `loss.svg`. `fresh` builds the initial network.
 #[allow(clippy::too_many_arguments)]
 pub fn hypertrain(
-    model: &DecoderGraph,
+    model: &dyn TrainableModel,
     enc: &dyn Encoder,
     users: &[UserRecord],
     fresh: HyperNet,
@@ -114,7 +113,7 @@ pub struct StartFrom {
 /// every round runs exactly the uninterrupted single-process steps.
 #[allow(clippy::too_many_arguments)]
 pub fn hypertrain_from(
-    model: &DecoderGraph,
+    model: &dyn TrainableModel,
     enc: &dyn Encoder,
     users: &[UserRecord],
     start: StartFrom,
@@ -141,7 +140,7 @@ fn fresh_state(config: &HyperTrainConfig, net: HyperNet, step: u64, fp: &str) ->
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_steps(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, out: &Path, run: HyperRun<'_>, state: HyperState) -> Result<HyperState> {
+fn run_steps(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, out: &Path, run: HyperRun<'_>, state: HyperState) -> Result<HyperState> {
     let recompute = vec![config.recompute; model.layer_count()];
     let learner = Learner { out, total: config.simcse_steps + config.e2e_steps, title: "hypernetwork training loss" };
     learner.run(state, run, |state| {
@@ -173,7 +172,7 @@ fn frozen(net: &HyperNet, simcse: bool, freeze_common: bool) -> Vec<usize> {
     }
 }
 
-fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, recompute: &[bool], state: &mut HyperState) -> Result<HyperRecord> {
+fn step(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, recompute: &[bool], state: &mut HyperState) -> Result<HyperRecord> {
     let start = Instant::now();
     let n = config.users_per_step.clamp(2, users.len());
     let picks = step_users(users, state.seed, state.step, n);
@@ -226,7 +225,7 @@ fn step(model: &DecoderGraph, enc: &dyn Encoder, users: &[UserRecord], teacher: 
 
 /// Stage 1a: two dropout views of each picked user's context, InfoNCE over
 /// the batch, gradients into the embedder LoRA.
-fn simcse_step(model: &DecoderGraph, enc: &dyn Encoder, picks: &[&UserRecord], recompute: &[bool], state: &HyperState, grads: &mut [Tensor]) -> Result<f64> {
+fn simcse_step(model: &dyn TrainableModel, enc: &dyn Encoder, picks: &[&UserRecord], recompute: &[bool], state: &HyperState, grads: &mut [Tensor]) -> Result<f64> {
     let cfg = &state.net.config;
     let mut passes = Vec::with_capacity(2 * picks.len());
     for (j, u) in picks.iter().enumerate() {

@@ -285,9 +285,8 @@ mod tests {
         assert_eq!(q.out_features, 2 * 4 * 2, "query and gate");
         assert_eq!(d.layers[1].ops[..3], [Op::RmsNorm(NormWeight::OnePlus), Op::HeadRmsNorm(NormWeight::OnePlus), Op::Rope { rotary_dim: 2 }]);
         assert!(d.tensors().iter().any(|t| t.name == "model.layers.0.linear_attn.conv1d.weight" && t.shape == [16, 1, 4]));
-        // The kinds feed the NPU policy: recurrent FP16, attention Q8_0.
-        let policy = crate::npu::PrecisionPolicy::default();
-        assert_eq!(policy.for_kind(qkv.kind), crate::npu::Precision::Fp16);
-        assert_eq!(policy.for_kind(q.kind), crate::npu::Precision::Q8_0);
+        // The kinds pick the NPU precision (the policy maps each kind).
+        assert_eq!(qkv.kind, crate::projection::ProjectionKind::Recurrent);
+        assert_eq!(q.kind, crate::projection::ProjectionKind::Attention);
     }
 }

@@ -9,7 +9,6 @@ use hexlora::eval::model_runtime::{EvalModel, LabelScore};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
 use hexlora::train::grad::evaluate;
-use hexlora::autograd::graph::TrainableModel;
 
 use crate::support;
 
@@ -45,7 +44,7 @@ fn answer_logprobs_equal_the_training_graph_loss_with_and_without_lora() {
             let batch = m.example(&messages, a, 4096).unwrap();
             let n = batch.target_count() as f64;
             assert_eq!(n as usize, m.answer_ids(a).unwrap().len());
-            let mean = evaluate(&m.graph, adapter.unwrap_or(&empty), &[batch]).unwrap() as f64;
+            let mean = evaluate(&*m.graph, adapter.unwrap_or(&empty), &[batch]).unwrap() as f64;
             let want = -mean * n;
             assert!((lp - want).abs() < 2e-3 * want.abs().max(1.0), "{a:?} with lora {}: {lp} vs graph {want}", adapter.is_some());
             assert!((pt + mean).abs() < 2e-3 * mean.abs().max(1.0), "{a:?} with lora {}: per token {pt} vs graph {}", adapter.is_some(), -mean);

@@ -22,7 +22,6 @@ use hexlora::eval::model_runtime::{EvalModel, LabelScore};
 use hexlora::eval::task::TaskSpec;
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::npu::{Precision, PrecisionPolicy};
-use hexlora::autograd::graph::TrainableModel;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

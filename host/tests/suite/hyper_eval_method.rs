@@ -18,7 +18,6 @@ use hexlora::hyper::eval_method::HypernetMethod;
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
-use hexlora::autograd::graph::TrainableModel;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -108,7 +107,7 @@ fn untrained_hypernetwork_evaluates_exactly_like_the_common_lora() {
     let adapter_dir = tmp.path().join("common");
     common.save(&adapter_dir).unwrap();
     let net_dir = tmp.path().join("hypernet");
-    HyperNet::init(hyper_config(), &model.graph, Some(&common), 9).unwrap().save(&net_dir).unwrap();
+    HyperNet::init(hyper_config(), &*model.graph, Some(&common), 9).unwrap().save(&net_dir).unwrap();
 
     let mut hyper = HypernetMethod::open(model.clone(), &model_dir(), &net_dir, 300).unwrap();
     let mut baseline = common_lora(model.clone(), &adapter_dir, tmp.path());
@@ -116,11 +115,11 @@ fn untrained_hypernetwork_evaluates_exactly_like_the_common_lora() {
     let decodings = Decoding::sweep(&[0.0, 0.7], 6, 1);
     for split in [split("quotes-tag", Some(labels.clone()), "category"), split("mail-subject", None, "title")] {
         // The synthesized adapter itself: the common LoRA, bit for bit, for every user.
-        let net = HyperNet::load(&net_dir, &model.graph).unwrap();
+        let net = HyperNet::load(&net_dir, &*model.graph).unwrap();
         for user in &split.users {
             let ctx = hyper.context(&split.spec, user).unwrap();
             assert!(!ctx.is_empty());
-            let got = net.synthesize(&model.graph, &ctx).unwrap();
+            let got = net.synthesize(&*model.graph, &ctx).unwrap();
             assert_eq!(got.modules.len(), common.modules.len());
             for (g, c) in got.modules.iter().zip(&common.modules) {
                 assert_eq!((&g.name, &g.a.data, &g.b.data), (&c.name, &c.a.data, &c.b.data));
@@ -155,7 +154,7 @@ fn a_missing_or_mismatched_hypernetwork_is_a_clear_error() {
     let missing = HypernetMethod::open(model.clone(), &model_dir(), &tmp.path().join("nope"), 300).err().expect("no directory");
     assert!(missing.to_string().contains("hypernet.json"), "{missing}");
     let dir = tmp.path().join("bad");
-    HyperNet::init(hyper_config(), &model.graph, None, 1).unwrap().save(&dir).unwrap();
+    HyperNet::init(hyper_config(), &*model.graph, None, 1).unwrap().save(&dir).unwrap();
     std::fs::write(dir.join("hypernet.safetensors"), b"not a tensor file").unwrap();
     let corrupt = HypernetMethod::open(model, &model_dir(), &dir, 300).err().expect("corrupt weights");
     assert!(corrupt.to_string().contains("hypernet.safetensors"), "{corrupt}");

@@ -11,7 +11,6 @@ use hexlora::eval::model_runtime::EvalModel;
 use hexlora::hyper::users::{render_example, split_users, Pair};
 use hexlora::lora::{Adapter, LoraConfig};
 use hexlora::model::chat::Message;
-use hexlora::autograd::graph::TrainableModel;
 use hexlora::train::text_encoder::ModelText;
 use std::path::{Path, PathBuf};
 

@@ -8,18 +8,17 @@ use hexlora::eval::model_runtime::EvalModel;
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet, WeightsDtype};
 use hexlora::hyper::users::Context;
 use hexlora::lora::{Adapter, LoraConfig};
-use hexlora::autograd::graph::TrainableModel;
 use std::path::Path;
 
 fn trained_like(model: &EvalModel, variant: HeadVariant) -> HyperNet {
     let targets = ["q_proj", "v_proj", "down_proj"].map(String::from).to_vec();
     let lora = LoraConfig { r: 2, alpha: 4.0, target_modules: targets.clone(), dropout: 0.0, use_rslora: false, base_model: String::new() };
-    let mut common = Adapter::init(lora, &model.graph.projections(), 3).unwrap();
+    let mut common = Adapter::init(lora, &*model.graph.projections(), 3).unwrap();
     for (k, m) in common.modules.iter_mut().enumerate() {
         m.b.data.iter_mut().enumerate().for_each(|(i, v)| *v = 0.01 * counter_rng::normal(counter_rng::derive(9, k as u64), i as u64));
     }
     let config = HyperConfig { embed_rank: 2, embed_alpha: 4.0, out_rank: 2, out_alpha: 4.0, out_targets: targets, bottleneck: 8, variant, context_tokens: 60, ..HyperConfig::default() };
-    let mut net = HyperNet::init(config, &model.graph, Some(&common), 1).unwrap();
+    let mut net = HyperNet::init(config, &*model.graph, Some(&common), 1).unwrap();
     // Trained weights are not the init (second layers are zero there): give
     // every parameter a random part of the size training produces.
     let params = net
@@ -52,7 +51,7 @@ fn f16_storage_halves_the_file_and_keeps_synthesis_within_the_bound() {
         let n: u64 = net.params().iter().map(|t| t.data.len() as u64).sum();
         let saved = size(&full) - size(&half);
         assert!(saved.abs_diff(2 * n) <= 512, "{variant:?}: {saved} bytes saved for {n} weights");
-        let (a, b) = (HyperNet::load(&full, &model.graph).unwrap(), HyperNet::load(&half, &model.graph).unwrap());
+        let (a, b) = (HyperNet::load(&full, &*model.graph).unwrap(), HyperNet::load(&half, &*model.graph).unwrap());
         // Every stored weight is the f32 one rounded to f16.
         for (x, y) in a.params().iter().zip(b.params()) {
             for (&u, &v) in x.data.iter().zip(&y.data) {
@@ -61,7 +60,7 @@ fn f16_storage_halves_the_file_and_keeps_synthesis_within_the_bound() {
         }
         for seed in 0..3u64 {
             let ctx = Context::all((0..40).map(|i| (counter_rng::bits(seed, i) % 100) as u32).collect());
-            let (la, lb) = (a.synthesize(&model.graph, &ctx).unwrap(), b.synthesize(&model.graph, &ctx).unwrap());
+            let (la, lb) = (a.synthesize(&*model.graph, &ctx).unwrap(), b.synthesize(&*model.graph, &ctx).unwrap());
             for (ma, mb) in la.modules.iter().zip(&lb.modules) {
                 for (x, y) in [(&ma.a, &mb.a), (&ma.b, &mb.b)] {
                     let scale = x.data.iter().fold(0f32, |m, v| m.max(v.abs()));

@@ -1,5 +1,6 @@
 //! The folders of `host/src` form layers (`docs/ARCHITECTURE.md`): a
-//! folder's non-test code names only folders of lower layers (or its own).
+//! folder's code, its test modules included, names only folders of lower
+//! layers (or its own).
 //! This reads the sources and checks every `crate::` path against the table,
 //! so an upward import fails here rather than in review.
 use std::path::{Path, PathBuf};
@@ -43,10 +44,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The file's text before its test module, comment lines dropped.
-fn non_test_code(text: &str) -> String {
-    let cut = text.find("#[cfg(test)]\nmod ").unwrap_or(text.len());
-    text[..cut].lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+/// The file's text, comment lines dropped.
+fn code_of(text: &str) -> String {
+    text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
 }
 
 #[test]
@@ -62,7 +62,7 @@ fn no_folder_of_host_src_imports_from_a_layer_above_it() {
             continue;
         }
         let own = layer(&top).unwrap_or_else(|| panic!("{}: module `{top}` has no layer in LAYERS", rel.display()));
-        let code = non_test_code(&std::fs::read_to_string(file).unwrap());
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
         for (i, _) in code.match_indices("crate::") {
             let name: String = code[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
             match layer(&name) {

@@ -31,6 +31,7 @@ mod firmware_log;
 mod layers;
 mod fuzz_replay;
 mod grad_cli_fixtures;
+mod hyper_archs;
 mod hyper_eval_method;
 mod hyper_grad_fixture;
 mod hyper_lamp;

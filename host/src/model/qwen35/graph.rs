@@ -138,6 +138,8 @@ struct SegmentCtx {
     lora: (f32, f32, u64),
     positions: Arc<Vec<usize>>,
     seq: usize,
+    /// Attention layers mask the future (`false`: the embedder's full view).
+    causal: bool,
 }
 
 impl SegmentCtx {
@@ -160,7 +162,7 @@ impl SegmentCtx {
         let k = tape.rms_norm(k, k_norm, NormWeight::OnePlus, eps)?;
         let q = tape.rope(q, &self.positions, cfg.n_head, hd, &self.shared.inv_freq)?;
         let k = tape.rope(k, &self.positions, cfg.n_kv_head, hd, &self.shared.inv_freq)?;
-        let dims = AttnDims { q_len: self.seq, kv_len: self.seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: hd, causal: true };
+        let dims = AttnDims { q_len: self.seq, kv_len: self.seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: hd, causal: self.causal };
         let a = tape.attention(q, k, v, dims, 1.0 / (hd as f32).sqrt(), crate::ops::attention::Products::F32)?;
         let a = tape.output_gate(a, q_full, hd)?;
         self.lin(tape, params, 3, a)
@@ -210,10 +212,26 @@ impl TrainableModel for Qwen35Graph {
     }
 
     fn loss(&self, tape: &mut Tape, batch: &Batch, lora: &LoraVars, opts: &GraphOptions, logits: Option<&mut Vec<f32>>) -> Result<Var> {
-        let (b, seq) = batch.dims()?;
+        batch.dims()?;
+        let h = self.hidden_states(tape, &batch.input_ids, lora, &opts.recompute_layers, true)?;
+        let targets = batch.targets();
+        let denom = opts.denominator(&targets);
+        let chunk = if opts.head_chunk == 0 { 64 } else { opts.head_chunk };
+        tape.head_loss(h, &self.head, &targets, denom, chunk, logits)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.shared.cfg.hidden_size
+    }
+
+    fn hidden_states(&self, tape: &mut Tape, input_ids: &[Vec<u32>], lora: &LoraVars, recompute_layers: &[bool], causal: bool) -> Result<Var> {
+        let (b, seq) = (input_ids.len(), input_ids.first().map_or(0, Vec::len));
+        if seq == 0 || input_ids.iter().any(|r| r.len() != seq) {
+            return Err(crate::Error::invalid("input_ids", "must be non-empty rows of one common length"));
+        }
         let cfg = &self.shared.cfg;
         let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
-        embedding_forward(&mut x.data, &batch.input_ids.concat(), &self.embed, cfg.hidden_size)?;
+        embedding_forward(&mut x.data, &input_ids.concat(), &self.embed, cfg.hidden_size)?;
         let mut x = tape.constant(x);
         let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
         for (l, layer) in self.shared.layers.iter().enumerate() {
@@ -228,15 +246,15 @@ impl TrainableModel for Qwen35Graph {
                     })
                 })
                 .collect();
-            let ctx = SegmentCtx { shared: self.shared.clone(), l, names, lora: (lora.scaling, lora.dropout, lora.dropout_seed), positions: positions.clone(), seq };
+            let ctx = SegmentCtx { shared: self.shared.clone(), l, names, lora: (lora.scaling, lora.dropout, lora.dropout_seed), positions: positions.clone(), seq, causal };
             let f: SegmentFn = Arc::new(move |tape: &mut Tape, x: Var, params: &[Var]| ctx.layer(tape, x, params));
-            let recompute = opts.recompute_layers.get(l).copied().unwrap_or(false);
+            let recompute = recompute_layers.get(l).copied().unwrap_or(false);
             x = tape.segment(&f, x, &params, recompute)?;
         }
-        let h = tape.rms_norm(x, &self.final_norm, NormWeight::OnePlus, cfg.rms_norm_eps)?;
-        let targets = batch.targets();
-        let denom = opts.denominator(&targets);
-        let chunk = if opts.head_chunk == 0 { 64 } else { opts.head_chunk };
-        tape.head_loss(h, &self.head, &targets, denom, chunk, logits)
+        tape.rms_norm(x, &self.final_norm, NormWeight::OnePlus, cfg.rms_norm_eps)
+    }
+
+    fn head(&self) -> &Arc<dyn Projection> {
+        &self.head
     }
 }
