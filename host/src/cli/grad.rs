@@ -6,27 +6,28 @@
 //! per-layer projection from the firmware built natively (in-process
 //! transport); `dsp-shm` from it on a thread behind shared memory;
 //! `dsp-sim` from the Hexagon firmware under qemu-hexagon (simulator
-//! transport); `dsp-fastrpc` through FastRPC. Weights are resident in the precision the policy
-//! (`--precision`) gives their kind; a Q8_0 weight whose `in_features` is
-//! not a multiple of 32 is kept FP16 instead, and anything the service
-//! refuses outright stays on the CPU. The vocabulary head is always on the
-//! CPU. What went where is printed.
+//! transport); `dsp-fastrpc` through FastRPC. The projections are routed
+//! by the split runtime's router ([`hexlora::runtime::split_model`]), the
+//! one training uses, with one token bucket of the batch's size (no
+//! padding): weights resident in the precision the policy (`--precision`)
+//! gives their kind, each product probed against the CPU, anything the
+//! service refuses (Q8_0 where `in_features` is not a multiple of 32) or
+//! off its tolerance on the CPU. The vocabulary head is always on the CPU. What went where is
+//! printed.
 use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::model::checkpoint::Checkpoint;
 use super::args::Device;
 use hexlora::ops::cpu_projection::FrozenDtype;
-use hexlora::model::decoder::{cpu_projection, ProjectionFactory};
-use hexlora::model::source::RawTensor;
-use hexlora::npu::{NpuClient, NpuOptions, Precision, PrecisionPolicy};
-use hexlora::projection::{Projection, ProjectionInfo};
+use hexlora::npu::{NpuClient, NpuOptions, PrecisionPolicy};
+use hexlora::runtime::plan_cache::PlanCache;
+use hexlora::runtime::planner::Buckets;
+use hexlora::runtime::split_model::{load_split, DspSide};
 use hexlora::tensor::Tensor;
 use hexlora::train::data::Bounds;
 use hexlora::train::grad::compute_grads;
 use hexlora::autograd::graph::{Batch, GraphOptions, TrainableModel};
-use hexlora::Error;
 use anyhow::Context;
-use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -63,14 +64,6 @@ pub struct Args {
     sim_service: Option<PathBuf>,
 }
 
-/// How many projections went where.
-#[derive(Default, Debug)]
-struct Routes {
-    f16: usize,
-    q8_0: usize,
-    cpu: usize,
-}
-
 /// Runs `hexlora grad`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     hexlora::base::outputs::check_output(&args.out, &[("--model", &args.model), ("--adapter", &args.adapter), ("--batch", &args.batch)], args.force)?;
@@ -85,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(hexlora::Error::invalid(args.batch.display().to_string(), why).into());
     }
     let adapter = Adapter::open(&args.adapter, &ckpt.config).with_context(|| format!("loading adapter {}", args.adapter.display()))?;
-    let model = open_model(&args, &ckpt)?;
+    let model = open_model(&args, &ckpt, &batch)?;
     adapter.check(&model.projections()).with_context(|| format!("adapter {}", args.adapter.display()))?;
     let r = compute_grads(model.as_ref(), &adapter, &batch, &GraphOptions::default(), true).map_err(|e| super::train::explain_non_finite(e.into(), &args.model))?;
     let mut out = r.grads;
@@ -96,65 +89,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn open_model(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<Box<dyn TrainableModel>> {
+fn open_model(args: &Args, ckpt: &Checkpoint, batch: &Batch) -> anyhow::Result<Box<dyn TrainableModel>> {
     let Some(kind) = args.device.transport() else {
         super::args::warn_ignored("--device cpu computes every product in f32 on the CPU", &[("--precision", args.precision != super::args::DEFAULT_PRECISION)]);
-        return Ok(open_with(ckpt, &cpu_projection)?);
+        return Ok(hexlora::train::trainable(ckpt, FrozenDtype::F32, false)?);
     };
     let policy = PrecisionPolicy::parse(&args.precision)?;
     let options = NpuOptions { sim_service: args.sim_service.clone(), ..NpuOptions::default() };
     let client = NpuClient::connect(kind, &options).with_context(|| format!("connecting to the DSP service ({kind})"))?;
-    let routes = RefCell::new(Routes::default());
-    let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| npu_projection(&client, &policy, &routes, info, raw);
-    let model = open_with(ckpt, &factory)?;
-    let r = routes.into_inner();
+    let (rows, seq) = batch.dims()?;
+    let buckets = Arc::new(Buckets::parse(&(rows * seq).to_string())?);
+    let side = DspSide::Npu { client: client.clone(), policy };
+    let split = load_split(ckpt, &side, buckets, false, &PlanCache::disabled())?;
+    let (on_dsp, routes) = split.routes.counts();
+    let on_cpu: std::collections::BTreeSet<_> = split.routes.routes.iter().filter(|r| !r.on_dsp).map(|r| r.projection.as_str()).collect();
     let bytes = client.resident_bytes();
+    let worst = split.routes.worst_error().map_or("-".to_string(), |e| format!("{e:.1e}"));
     println!(
-        "{kind} DSP service: {} of {} projections resident ({} FP16 = {} bytes, {} Q8_0 = {} bytes), {} on the CPU; policy {policy}",
-        r.f16 + r.q8_0,
-        r.f16 + r.q8_0 + r.cpu,
-        r.f16,
+        "{kind} DSP service: {on_dsp} of {routes} routes on the DSP (worst probe error {worst}; {} FP16 + {} Q8_0 bytes resident), {} on the CPU; policy {policy}",
         bytes.f16,
-        r.q8_0,
         bytes.q8_0,
-        r.cpu
+        on_cpu.len()
     );
-    Ok(model)
-}
-
-/// The policy's precision, FP16 when Q8_0 cannot hold the shape, the CPU
-/// when the service refuses.
-fn npu_projection(
-    client: &Arc<NpuClient>,
-    policy: &PrecisionPolicy,
-    routes: &RefCell<Routes>,
-    info: ProjectionInfo,
-    raw: &RawTensor<'_>,
-) -> hexlora::Result<Arc<dyn Projection>> {
-    let mut precision = policy.for_kind(info.kind);
-    loop {
-        match client.load_weight(info.clone(), raw, precision) {
-            Ok(p) => {
-                let mut r = routes.borrow_mut();
-                *match precision {
-                    Precision::Fp16 => &mut r.f16,
-                    Precision::Q8_0 => &mut r.q8_0,
-                } += 1;
-                return Ok(p);
-            }
-            Err(Error::NpuNoSupport(_)) if precision == Precision::Q8_0 => precision = Precision::Fp16,
-            Err(Error::NpuNoSupport(why)) => {
-                eprintln!("{}: stays on the CPU ({why})", info.name);
-                routes.borrow_mut().cpu += 1;
-                return cpu_projection(info, raw);
-            }
-            Err(e) => return Err(e),
-        }
+    let mut said = std::collections::BTreeSet::new();
+    for r in split.routes.routes.iter().filter(|r| !r.on_dsp && said.insert((&r.projection, &r.reason))) {
+        eprintln!("{} ({}): on the CPU, {}", r.projection, r.direction, r.reason);
     }
-}
-
-/// The training graph of the checkpoint's architecture, frozen
-/// projections built by `make`, embeddings and head in f32.
-fn open_with(ckpt: &Checkpoint, make: &ProjectionFactory<'_>) -> hexlora::Result<Box<dyn TrainableModel>> {
-    hexlora::train::trainable_with(ckpt, make, FrozenDtype::F32, false)
+    Ok(split.graph)
 }

@@ -13,7 +13,9 @@
 //!   on SmolLM2-135M (Q4_1 checkpoint, 420 routes at 64 tokens): median
 //!   5.5e-3, worst 1.85e-2.
 //! A route above its tolerance is a kernel or data-path fault, not noise,
-//! and stays on the CPU.
+//! and stays on the CPU, as does a weight the service refuses (Q8_0
+//! cannot hold an `in_features` that is not a multiple of 32). `hexlora
+//! grad` routes through here too, with one bucket of its batch's size.
 use super::plan_cache::{plan_with_cache, projection_key, PlanCache};
 use super::planner::{cpu_only, Buckets, RouteTable};
 use super::routed::{RoutedProjection, SplitState};

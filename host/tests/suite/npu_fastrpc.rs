@@ -27,7 +27,11 @@ fn grad(arch: &str, backend: &str, precision: &str, out_dir: &Path) -> Vec<u8> {
     let run = support::grad_command(arch, &out).args(["--device", backend, "--precision", precision]).output().unwrap();
     let text = String::from_utf8_lossy(&run.stdout).to_string() + &String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "hexlora grad --device {backend} on {arch} failed:\n{text}");
-    assert!(text.contains(", 0 on the CPU"), "{arch} {backend}: not every projection was resident:\n{text}");
+    if precision == "f16" {
+        // FP16 holds every shape (Q8_0 refuses the fixtures' widths 48 and
+        // 80, which the router then keeps on the CPU on both transports).
+        assert!(text.contains(", 0 on the CPU"), "{arch} {backend}: not every projection was resident:\n{text}");
+    }
     std::fs::read(&out).unwrap()
 }
 
