@@ -92,6 +92,33 @@ impl GraphOptions {
     }
 }
 
+/// `(batch, seq)` of token rows, checking they are non-empty and of one
+/// common length (what [`TrainableModel::hidden_states`] accepts).
+pub fn token_rows(input_ids: &[Vec<u32>]) -> Result<(usize, usize)> {
+    let seq = input_ids.first().map_or(0, Vec::len);
+    if seq == 0 || input_ids.iter().any(|r| r.len() != seq) {
+        return Err(crate::Error::invalid("input_ids", "must be non-empty rows of one common length"));
+    }
+    Ok((input_ids.len(), seq))
+}
+
+/// One layer's LoRA parameters for a tape segment: the `(A, B)` vars of the
+/// adapted projections among `proj`, flattened in order, and per projection
+/// the index of its pair in them (`None`: not adapted).
+pub fn layer_lora_params(lora: &LoraVars, proj: &[Arc<dyn Projection>]) -> (Vec<Var>, Vec<Option<usize>>) {
+    let mut params = Vec::new();
+    let names = proj
+        .iter()
+        .map(|p| {
+            lora.factors.get(&p.info().name).map(|&(a, b)| {
+                params.extend([a, b]);
+                params.len() / 2 - 1
+            })
+        })
+        .collect();
+    (params, names)
+}
+
 /// The [`ProjectionInfo`] of every projection of `layers`, in model order.
 pub fn projection_infos<'a>(layers: impl IntoIterator<Item = &'a [Arc<dyn Projection>]>) -> Vec<ProjectionInfo> {
     layers.into_iter().flat_map(|l| l.iter().map(|p| p.info().clone())).collect()

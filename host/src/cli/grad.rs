@@ -12,8 +12,8 @@
 //! padding): weights resident in the precision the policy (`--precision`)
 //! gives their kind, each product probed against the CPU, anything the
 //! service refuses (Q8_0 where `in_features` is not a multiple of 32) or
-//! off its tolerance on the CPU. The vocabulary head is always on the CPU. What went where is
-//! printed.
+//! off its tolerance on the CPU. The vocabulary head is always on the
+//! CPU. What went where is printed.
 use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::model::checkpoint::Checkpoint;
@@ -101,12 +101,12 @@ fn open_model(args: &Args, ckpt: &Checkpoint, batch: &Batch) -> anyhow::Result<B
     let buckets = Arc::new(Buckets::parse(&(rows * seq).to_string())?);
     let side = DspSide::Npu { client: client.clone(), policy };
     let split = load_split(ckpt, &side, buckets, false, &PlanCache::disabled())?;
-    let (on_dsp, routes) = split.routes.counts();
     let on_cpu: std::collections::BTreeSet<_> = split.routes.routes.iter().filter(|r| !r.on_dsp).map(|r| r.projection.as_str()).collect();
     let bytes = client.resident_bytes();
     let worst = split.routes.worst_error().map_or("-".to_string(), |e| format!("{e:.1e}"));
     println!(
-        "{kind} DSP service: {on_dsp} of {routes} routes on the DSP (worst probe error {worst}; {} FP16 + {} Q8_0 bytes resident), {} on the CPU; policy {policy}",
+        "{kind} DSP service: {} (worst probe error {worst}; {} FP16 + {} Q8_0 bytes resident), {} on the CPU; policy {policy}",
+        split.routes.summary(),
         bytes.f16,
         bytes.q8_0,
         on_cpu.len()

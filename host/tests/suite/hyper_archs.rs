@@ -19,18 +19,8 @@ use hexlora::lora::Adapter;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::Decay;
 use hexlora::projection::Direction;
-use hexlora::train::data::{Encoder, Message};
-use std::path::PathBuf;
 
-fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training").join(arch)
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f64, |m, w| m.max(w.abs() as f64)).max(1e-12);
-    got.iter().zip(want).fold(0f64, |m, (g, w)| m.max((*g as f64 - *w as f64).abs())) / scale
-}
+use crate::support::{rel_err, training_fixture as fixture, ByteText};
 
 /// The model (CPU f32, through `arch::of`) and the PEFT adapter of a fixture.
 fn load(arch: &str) -> (Box<dyn TrainableModel>, Adapter) {
@@ -88,25 +78,6 @@ fn the_embedders_full_view_lets_early_tokens_see_later_ones() {
         assert_ne!(a[23 * d..], b[23 * d..], "{arch}");
         let (a, b) = (states(5, false), states(50, false));
         assert_ne!(a[..d], b[..d], "{arch}: with the full view the first token still ignores the last");
-    }
-}
-
-/// A byte tokenizer for the fixtures' 128-token vocabularies.
-struct ByteText;
-
-impl Encoder for ByteText {
-    fn encode(&self, text: &str) -> hexlora::Result<Vec<u32>> {
-        Ok(text.bytes().map(|b| b as u32 % 100 + 4).collect())
-    }
-    fn render_chat(&self, messages: &[Message], add_generation_prompt: bool) -> hexlora::Result<String> {
-        let mut s: String = messages.iter().map(|m| format!("<{}>{}", m.role, m.content)).collect();
-        if add_generation_prompt {
-            s.push_str("<assistant>");
-        }
-        Ok(s)
-    }
-    fn end_of_turn(&self) -> String {
-        "|".into()
     }
 }
 

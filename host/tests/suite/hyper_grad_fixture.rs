@@ -15,14 +15,10 @@ use hexlora::model::hf_dir::HfDir;
 use hexlora::model::llama::DecoderGraph;
 use std::path::PathBuf;
 
+use crate::support::rel_err;
+
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper")
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f64, |m, w| m.max(w.abs() as f64)).max(1e-12);
-    got.iter().zip(want).fold(0f64, |m, (g, w)| m.max((*g as f64 - *w as f64).abs())) / scale
 }
 
 fn config(variant: HeadVariant, center: bool) -> HyperConfig {

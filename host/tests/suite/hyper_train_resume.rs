@@ -10,28 +10,11 @@ use hexlora::model::config::ModelConfig;
 use hexlora::model::hf_dir::HfDir;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::Decay;
-use hexlora::train::data::{Encoder, Message};
 use hexlora::model::llama::DecoderGraph;
 use std::path::Path;
 
-/// A real (if crude) byte tokenizer for the 64-token fixture vocabulary.
-struct ByteText;
-
-impl Encoder for ByteText {
-    fn encode(&self, text: &str) -> hexlora::Result<Vec<u32>> {
-        Ok(text.bytes().map(|b| b as u32 % 64).collect())
-    }
-    fn render_chat(&self, messages: &[Message], add_generation_prompt: bool) -> hexlora::Result<String> {
-        let mut s: String = messages.iter().map(|m| format!("<{}>{}", m.role, m.content)).collect();
-        if add_generation_prompt {
-            s.push_str("<assistant>");
-        }
-        Ok(s)
-    }
-    fn end_of_turn(&self) -> String {
-        "|".into()
-    }
-}
+use crate::support::ByteText;
+use hexlora::train::data::Encoder;
 
 fn model() -> DecoderGraph {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper/model");

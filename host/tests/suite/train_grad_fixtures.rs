@@ -5,17 +5,8 @@ use hexlora::base::tensor_file::TensorFile;
 use hexlora::lora::Adapter;
 use hexlora::train::grad::compute_grads;
 use hexlora::autograd::graph::{Batch, GraphOptions, TrainableModel};
-use std::path::PathBuf;
 
-fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training").join(arch)
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f64, |m, w| m.max(w.abs() as f64)).max(1e-12);
-    got.iter().zip(want).fold(0f64, |m, (g, w)| m.max((*g as f64 - *w as f64).abs())) / scale
-}
+use crate::support::{rel_err, training_fixture as fixture};
 
 fn load(arch: &str) -> (Box<dyn TrainableModel>, Adapter, Batch, TensorFile) {
     let dir = fixture(arch);

@@ -19,7 +19,7 @@
 //!
 //! Frozen weights are only reached through [`Projection`]s, which callers may
 //! swap (the split runtime routes them to the NPU).
-use crate::autograd::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::autograd::graph::{layer_lora_params, projection_infos, token_rows, Batch, GraphOptions, LoraVars, TrainableModel};
 use crate::base::counter_rng;
 use crate::autograd::{SegmentFn, Tape, Var};
 use crate::model::blocks::GateAct;
@@ -252,10 +252,7 @@ impl DecoderGraph {
 
     /// [`TrainableModel::hidden_states`] with the fused/unfused LoRA choice.
     fn layers_and_norm(&self, tape: &mut Tape, input_ids: &[Vec<u32>], lora: &LoraVars, recompute_layers: &[bool], causal: bool, unfused: bool) -> Result<Var> {
-        let (b, seq) = (input_ids.len(), input_ids.first().map_or(0, Vec::len));
-        if seq == 0 || input_ids.iter().any(|r| r.len() != seq) {
-            return Err(Error::invalid("input_ids", "must be non-empty rows of one common length"));
-        }
+        let (b, seq) = token_rows(input_ids)?;
         let cfg = &self.shared.cfg;
         let ids: Vec<u32> = input_ids.concat();
         let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
@@ -267,17 +264,7 @@ impl DecoderGraph {
         let mut x = tape.constant(x);
         let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
         for l in 0..self.shared.layers.len() {
-            let mut params = Vec::new();
-            let names: Vec<Option<usize>> = self.shared.layers[l]
-                .proj
-                .iter()
-                .map(|p| {
-                    lora.factors.get(&p.info().name).map(|&(a, bb)| {
-                        params.extend([a, bb]);
-                        params.len() / 2 - 1
-                    })
-                })
-                .collect();
+            let (params, names) = layer_lora_params(lora, &self.shared.layers[l].proj);
             let f = layer_segment(self.shared.clone(), l, names, (lora.scaling, lora.dropout, lora.dropout_seed), positions.clone(), seq, causal, unfused);
             let recompute = recompute_layers.get(l).copied().unwrap_or(false);
             x = tape.segment(&f, x, &params, recompute)?;

@@ -16,7 +16,7 @@
 //! Frozen projections are built by a [`ProjectionFactory`] (kind
 //! `Recurrent` for the GDN ones, from the descriptor), so the split runtime
 //! can route them to the NPU with FP16 weights.
-use crate::autograd::graph::{projection_infos, Batch, GraphOptions, LoraVars, TrainableModel};
+use crate::autograd::graph::{layer_lora_params, projection_infos, token_rows, Batch, GraphOptions, LoraVars, TrainableModel};
 use super::gdn_node::GdnWeights;
 use crate::base::counter_rng;
 use crate::autograd::{SegmentFn, Tape, Var};
@@ -225,27 +225,14 @@ impl TrainableModel for Qwen35Graph {
     }
 
     fn hidden_states(&self, tape: &mut Tape, input_ids: &[Vec<u32>], lora: &LoraVars, recompute_layers: &[bool], causal: bool) -> Result<Var> {
-        let (b, seq) = (input_ids.len(), input_ids.first().map_or(0, Vec::len));
-        if seq == 0 || input_ids.iter().any(|r| r.len() != seq) {
-            return Err(crate::Error::invalid("input_ids", "must be non-empty rows of one common length"));
-        }
+        let (b, seq) = token_rows(input_ids)?;
         let cfg = &self.shared.cfg;
         let mut x = Tensor::zeros(&[b * seq, cfg.hidden_size]);
         embedding_forward(&mut x.data, &input_ids.concat(), &self.embed, cfg.hidden_size)?;
         let mut x = tape.constant(x);
         let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
         for (l, layer) in self.shared.layers.iter().enumerate() {
-            let mut params = Vec::new();
-            let names = layer
-                .proj
-                .iter()
-                .map(|p| {
-                    lora.factors.get(&p.info().name).map(|&(a, bb)| {
-                        params.extend([a, bb]);
-                        params.len() / 2 - 1
-                    })
-                })
-                .collect();
+            let (params, names) = layer_lora_params(lora, &layer.proj);
             let ctx = SegmentCtx { shared: self.shared.clone(), l, names, lora: (lora.scaling, lora.dropout, lora.dropout_seed), positions: positions.clone(), seq, causal };
             let f: SegmentFn = Arc::new(move |tape: &mut Tape, x: Var, params: &[Var]| ctx.layer(tape, x, params));
             let recompute = recompute_layers.get(l).copied().unwrap_or(false);

@@ -42,10 +42,44 @@ pub fn adapter(name: &str) -> PathBuf {
     root().join("tests/fixtures/adapters").join(name).join("adapter")
 }
 
+/// The directory of training fixture `arch` (`model/`, `adapter/`,
+/// `batch.json`, PyTorch + PEFT's `expected.safetensors`).
+pub fn training_fixture(arch: &str) -> PathBuf {
+    root().join("tests/fixtures/training").join(arch)
+}
+
+/// Max-normalised error `max |got - want| / max |want|`, the measure the
+/// fixture tests compare with.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f64, |m, w| m.max(w.abs() as f64)).max(1e-12);
+    got.iter().zip(want).fold(0f64, |m, (g, w)| m.max((*g as f64 - *w as f64).abs())) / scale
+}
+
+/// A real (if crude) byte tokenizer for the tiny fixtures' vocabularies
+/// (64 tokens and more): each byte modulo 64.
+pub struct ByteText;
+
+impl hexlora::train::data::Encoder for ByteText {
+    fn encode(&self, text: &str) -> hexlora::Result<Vec<u32>> {
+        Ok(text.bytes().map(|b| b as u32 % 64).collect())
+    }
+    fn render_chat(&self, messages: &[hexlora::train::data::Message], add_generation_prompt: bool) -> hexlora::Result<String> {
+        let mut s: String = messages.iter().map(|m| format!("<{}>{}", m.role, m.content)).collect();
+        if add_generation_prompt {
+            s.push_str("<assistant>");
+        }
+        Ok(s)
+    }
+    fn end_of_turn(&self) -> String {
+        "|".into()
+    }
+}
+
 /// `hexlora grad` over training fixture `arch` (its model, adapter and
 /// batch.json), writing `out`; the caller adds the backend and precision.
 pub fn grad_command(arch: &str, out: &Path) -> Command {
-    let dir = root().join("tests/fixtures/training").join(arch);
+    let dir = training_fixture(arch);
     let mut cmd = hexlora();
     cmd.arg("grad").arg("--model").arg(dir.join("model")).arg("--adapter").arg(dir.join("adapter"));
     cmd.arg("--batch").arg(dir.join("batch.json")).arg("--out").arg(out);
