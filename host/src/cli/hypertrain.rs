@@ -108,6 +108,11 @@ pub struct Args {
     /// from) fixed in stage 1b: only what depends on the user trains.
     #[arg(long)]
     freeze_common: bool,
+    /// Keep the embedder LoRA as SimCSE (stage 1a) left it during stage 1b:
+    /// only the heads train, so end to end training cannot pull users'
+    /// embeddings together.
+    #[arg(long)]
+    freeze_embedder: bool,
     /// Centre the heads' coefficients on their running mean over the users
     /// seen (out = b2 + W2 (h - c)): W2 learns only what differs between
     /// users, the common part stays in b2.
@@ -272,6 +277,7 @@ fn train_config(args: &Args) -> HyperTrainConfig {
         seed: args.seed,
         recompute: args.recompute,
         freeze_common: args.freeze_common,
+        freeze_embedder: args.freeze_embedder,
     }
 }
 

@@ -59,6 +59,9 @@ pub struct E2eOptions<'a> {
     pub recompute: Vec<bool>,
     /// Rows per vocabulary-head chunk.
     pub head_chunk: usize,
+    /// Back-propagate into the embedder LoRA (false: its gradients stay
+    /// zero and the embedding pass records nothing to go back through).
+    pub train_embedder: bool,
 }
 
 /// One user's loss (means over its target tokens).
@@ -125,7 +128,7 @@ pub fn user_loss_and_grads(model: &dyn TrainableModel, net: &HyperNet, user: &Us
     if tokens == 0 || user.examples.iter().any(|e| e.ids.len() != e.labels.len() || e.ids.is_empty()) {
         return Err(Error::invalid("user batch", "needs examples with aligned labels and at least one target token"));
     }
-    let mut pass = embed_forward(model, &net.embedder, &user.context, opts.dropout_seed, true, &opts.recompute)?;
+    let mut pass = embed_forward(model, &net.embedder, &user.context, opts.dropout_seed, opts.train_embedder, &opts.recompute)?;
     let (factors, cache) = net.heads.forward(&pass.embedding)?;
     let mut dfactors: Vec<Tensor> = factors.iter().map(|t| Tensor::zeros(&t.shape)).collect();
     let (mut ce, mut kl) = (0f64, 0f64);
@@ -143,8 +146,10 @@ pub fn user_loss_and_grads(model: &dyn TrainableModel, net: &HyperNet, user: &Us
     }
     let (eg, hg) = grads.split_at_mut(net.embedder_len());
     let de = net.heads.backward(&cache, &dfactors, hg);
-    for (g, d) in eg.iter_mut().zip(embed_backward(&mut pass, &de)?) {
-        g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d);
+    if opts.train_embedder {
+        for (g, d) in eg.iter_mut().zip(embed_backward(&mut pass, &de)?) {
+            g.data.iter_mut().zip(&d.data).for_each(|(g, d)| *g += d);
+        }
     }
     let n = tokens as f64;
     Ok(UserLoss { ce: ce / n, kl: kl / n, total: (ce + opts.kl_weight as f64 * kl) / n, tokens, coefficients: cache.coefficients(), embedding: pass.embedding })

@@ -128,6 +128,7 @@ fn train_config() -> HyperTrainConfig {
         seed: 3,
         recompute: false,
         freeze_common: false,
+        freeze_embedder: false,
     }
 }
 

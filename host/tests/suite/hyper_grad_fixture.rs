@@ -80,7 +80,7 @@ fn check_std(variant: HeadVariant, center: bool, standardize: bool, file: &str) 
     let params = names.iter().map(|n| expected.get(&format!("param/{n}"), file).unwrap().clone()).collect();
     net.set_params(params).unwrap();
     let common = Adapter::load(&dir().join("common")).unwrap();
-    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4 };
+    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4, train_embedder: true };
     let mut grads = net.zero_grads();
     let loss = user_loss_and_grads(&model, &net, &user(), &opts, 1.0, &mut grads).unwrap();
     for (what, got) in [("loss", loss.total), ("ce", loss.ce), ("kl", loss.kl)] {
@@ -113,6 +113,17 @@ fn check_std(variant: HeadVariant, center: bool, standardize: bool, file: &str) 
     let mut again = net.zero_grads();
     user_loss_and_grads(&model, &net, &user(), &opts, 1.0, &mut again).unwrap();
     for (a, b) in again.iter().zip(&grads) {
+        assert_eq!(a.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+    // A frozen embedder: the same loss and heads' gradients (PyTorch's, as
+    // checked above), the embedder's gradients zero.
+    let frozen = E2eOptions { train_embedder: false, ..opts };
+    let mut heads_only = net.zero_grads();
+    let l = user_loss_and_grads(&model, &net, &user(), &frozen, 1.0, &mut heads_only).unwrap();
+    assert_eq!(l.total.to_bits(), loss.total.to_bits(), "{file}: the frozen embedder changed the loss");
+    let e = net.embedder_len();
+    assert!(heads_only[..e].iter().all(|g| g.data.iter().all(|&v| v == 0.0)), "{file}: a frozen embedder got a gradient");
+    for (a, b) in heads_only[e..].iter().zip(&grads[e..]) {
         assert_eq!(a.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 }
@@ -168,7 +179,7 @@ fn pipeline_gradients_match_finite_differences() {
     let mut net = HyperNet::init(config(HeadVariant::SharedTrunk, false), &model, None, 0).unwrap();
     let names = net.param_names();
     net.set_params(names.iter().map(|n| expected.get(&format!("param/{n}"), "shared").unwrap().clone()).collect()).unwrap();
-    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4 };
+    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4, train_embedder: true };
     let mut grads = net.zero_grads();
     user_loss_and_grads(&model, &net, &user(), &opts, 1.0, &mut grads).unwrap();
     let loss_at = |params: Vec<hexlora::tensor::Tensor>| -> f64 {

@@ -62,6 +62,7 @@ fn configs() -> (HyperConfig, HyperTrainConfig) {
         seed: 5,
         recompute: false,
         freeze_common: false,
+        freeze_embedder: false,
     };
     (net, train)
 }
@@ -262,4 +263,30 @@ fn freeze_common_keeps_the_output_biases() {
     assert_eq!(biases(&runs[0]), biases(&fresh), "frozen biases moved");
     assert_ne!(others(&runs[0]), others(&fresh), "nothing else trained");
     assert_ne!(biases(&runs[1]), biases(&fresh), "without freeze_common the biases train");
+}
+
+/// `freeze_embedder`: stage 1b leaves the embedder LoRA bit for bit as
+/// SimCSE (stage 1a) left it and still trains the heads; without it the
+/// embedder moves in 1b.
+#[test]
+fn freeze_embedder_keeps_the_embedder_of_stage_1a() {
+    let model = model();
+    let (net, train) = configs();
+    let fresh = HyperNet::init(net.clone(), &model, None, 1).unwrap();
+    let bits = |n: &HyperNet, r: std::ops::Range<usize>| n.params()[r].iter().map(|t| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
+    let e = fresh.embedder_len();
+    let all = e + fresh.heads.params.len();
+    let go = |freeze: bool, stop_after: Option<u64>| {
+        let out = tempfile::tempdir().unwrap();
+        let cfg = HyperTrainConfig { freeze_embedder: freeze, ..train.clone() };
+        let run = HyperRun { resume: false, progress: false, stop_after, commit_every: 1, hooks: None };
+        hypertrain(&model, &ByteText, &users(), fresh.clone(), None, &cfg, out.path(), run).unwrap().net
+    };
+    let after_1a = go(true, Some(train.simcse_steps));
+    assert_ne!(bits(&after_1a, 0..e), bits(&fresh, 0..e), "SimCSE trained the embedder");
+    let frozen = go(true, None);
+    assert_eq!(bits(&frozen, 0..e), bits(&after_1a, 0..e), "the frozen embedder moved in stage 1b");
+    assert_ne!(bits(&frozen, e..all), bits(&after_1a, e..all), "the heads did not train");
+    let free = go(false, None);
+    assert_ne!(bits(&free, 0..e), bits(&after_1a, 0..e), "without freeze_embedder the embedder trains in 1b");
 }
