@@ -103,6 +103,65 @@ pub fn group_markdown(g: &Group, baseline: Option<&str>) -> Result<String> {
         };
         md.push_str(&row(r, cmp.as_ref(), classification));
     }
+    let usual = g.runs.iter().find(|r| r.method == USUAL_LABEL);
+    if let (true, Some(base), Some(usual)) = (classification, base, usual) {
+        md.push_str(&moved_markdown(g, base, usual)?);
+    }
+    Ok(md)
+}
+
+/// The run whose answer to each query is its user's most frequent profile
+/// label: where a personalizing method should move answers.
+pub const USUAL_LABEL: &str = "majority-user";
+
+/// Where a method's answers moved against a baseline's (first predictions).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Queries whose answer differs from the baseline's.
+    pub changed: usize,
+    /// Of those, answers equal to the `usual` run's.
+    pub to_usual: usize,
+    /// Of those, right after the change.
+    pub right_now: usize,
+    /// Of those, right before (the baseline's answer).
+    pub right_before: usize,
+}
+
+/// Compares answers query by query (by id); all three runs must hold the same queries.
+pub fn moved(method: &RunResult, base: &RunResult, usual: &RunResult) -> Result<Moved> {
+    let answers = |r: &RunResult| -> std::collections::HashMap<String, (String, bool)> {
+        let first = |q: &super::result::QueryResult| q.predictions.first().cloned().unwrap_or_default();
+        r.users.iter().flat_map(|u| &u.queries).map(|q| (q.id.clone(), (first(q), q.score > 0.5))).collect()
+    };
+    let (m, b, u) = (answers(method), answers(base), answers(usual));
+    let mut out = Moved::default();
+    for (id, (answer, right)) in &m {
+        let missing = || Error::invalid("report", format!("query {id} of {} is not in every run it is compared with", method.method));
+        let (before, was_right) = b.get(id).ok_or_else(missing)?;
+        let (usual, _) = u.get(id).ok_or_else(missing)?;
+        if answer != before {
+            out.changed += 1;
+            out.to_usual += (answer == usual) as usize;
+            out.right_now += *right as usize;
+            out.right_before += *was_right as usize;
+        }
+    }
+    Ok(out)
+}
+
+fn moved_markdown(g: &Group, base: &RunResult, usual: &RunResult) -> Result<String> {
+    let vs = &base.method;
+    let mut md = format!(
+        "\nAnswers that differ from {vs}'s, and how many of them became the user's most frequent label ({USUAL_LABEL}'s answer; \
+         {vs} itself gives it for {:.1}% of the queries): a method that personalizes moves answers there.\n\n\
+         | method | answers changed | to the user's most frequent label | right after | right before |\n|---|---|---|---|---|\n",
+        100.0 * moved(usual, base, usual).map(|m| 1.0 - m.changed as f64 / base.summary.queries.max(1) as f64)?
+    );
+    for r in g.runs.iter().filter(|r| r.method != base.method && r.method != usual.method) {
+        let m = moved(r, base, usual)?;
+        let share = 100.0 * m.to_usual as f64 / m.changed.max(1) as f64;
+        let _ = writeln!(md, "| {} | {} | {} ({share:.0}%) | {} | {} |", r.method, m.changed, m.to_usual, m.right_now, m.right_before);
+    }
     Ok(md)
 }
 

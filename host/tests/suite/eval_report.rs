@@ -103,3 +103,34 @@ fn bad_inputs_are_named() {
     let err = write_report(&dir.path().join("r"), &results, Some("majority-global"), &[]).unwrap_err().to_string();
     assert!(err.contains("same task, split, users and queries"), "{err}");
 }
+
+/// The "answers moved" table: against majority-global (art for every
+/// query), a run that answers bob's qb1 with his usual label (love) and
+/// ann's qa2 with law (not her usual art) changed two answers, one to the
+/// user's most frequent label, both right after and wrong before.
+#[test]
+fn moved_answers_count_changes_toward_the_usual_label() {
+    use hexlora::eval::report::{group_markdown, moved, Moved};
+    let mut results = results();
+    let mut x = results[0].clone();
+    x.method = "x".into();
+    for q in x.users.iter_mut().flat_map(|u| &mut u.queries) {
+        let answer = match q.id.as_str() {
+            "qb1" => "love",
+            "qa2" => "law",
+            _ => continue,
+        };
+        q.predictions = vec![answer.into()];
+        q.score = 1.0;
+    }
+    let m = moved(&x, &results[0], &results[1]).unwrap();
+    assert_eq!(m, Moved { changed: 2, to_usual: 1, right_now: 2, right_before: 0 });
+    results.push(x);
+    let md = group_markdown(&group(&results)[0], Some("majority-global")).unwrap();
+    assert!(md.contains("gives it for 66.7% of the queries"), "{md}");
+    assert!(md.contains("| x | 2 | 1 (50%) | 2 | 0 |"), "{md}");
+    assert!(!md.contains("| majority-user | 1 |"), "the usual-label run is not compared with itself: {md}");
+    // No majority-user run, no table.
+    let md = group_markdown(&group(&results[..1])[0], Some("majority-global")).unwrap();
+    assert!(!md.contains("answers changed"), "{md}");
+}
