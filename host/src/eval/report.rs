@@ -127,16 +127,23 @@ pub struct Moved {
     pub right_before: usize,
 }
 
+/// Each query's first prediction and whether it scored, by query id.
+type Answers = std::collections::HashMap<String, (String, bool)>;
+
+fn answers(r: &RunResult) -> Answers {
+    let first = |q: &super::result::QueryResult| q.predictions.first().cloned().unwrap_or_default();
+    r.users.iter().flat_map(|u| &u.queries).map(|q| (q.id.clone(), (first(q), q.score > 0.5))).collect()
+}
+
 /// Compares answers query by query (by id); all three runs must hold the same queries.
 pub fn moved(method: &RunResult, base: &RunResult, usual: &RunResult) -> Result<Moved> {
-    let answers = |r: &RunResult| -> std::collections::HashMap<String, (String, bool)> {
-        let first = |q: &super::result::QueryResult| q.predictions.first().cloned().unwrap_or_default();
-        r.users.iter().flat_map(|u| &u.queries).map(|q| (q.id.clone(), (first(q), q.score > 0.5))).collect()
-    };
-    let (m, b, u) = (answers(method), answers(base), answers(usual));
+    moved_from(&method.method, &answers(method), &answers(base), &answers(usual))
+}
+
+fn moved_from(method: &str, m: &Answers, b: &Answers, u: &Answers) -> Result<Moved> {
     let mut out = Moved::default();
-    for (id, (answer, right)) in &m {
-        let missing = || Error::invalid("report", format!("query {id} of {} is not in every run it is compared with", method.method));
+    for (id, (answer, right)) in m {
+        let missing = || Error::invalid("report", format!("query {id} of {method} is not in every run it is compared with"));
         let (before, was_right) = b.get(id).ok_or_else(missing)?;
         let (usual, _) = u.get(id).ok_or_else(missing)?;
         if answer != before {
@@ -150,15 +157,19 @@ pub fn moved(method: &RunResult, base: &RunResult, usual: &RunResult) -> Result<
 }
 
 fn moved_markdown(g: &Group, base: &RunResult, usual: &RunResult) -> Result<String> {
+    let (b, u) = (answers(base), answers(usual));
     let vs = &base.method;
+    // The baseline's own answers that already are the usual label: those
+    // the usual-label run does not change against it.
+    let unchanged = b.len() - moved_from(&usual.method, &u, &b, &u)?.changed;
     let mut md = format!(
         "\nAnswers that differ from {vs}'s, and how many of them became the user's most frequent label ({USUAL_LABEL}'s answer; \
          {vs} itself gives it for {:.1}% of the queries): a method that personalizes moves answers there.\n\n\
          | method | answers changed | to the user's most frequent label | right after | right before |\n|---|---|---|---|---|\n",
-        100.0 * moved(usual, base, usual).map(|m| 1.0 - m.changed as f64 / base.summary.queries.max(1) as f64)?
+        100.0 * unchanged as f64 / b.len().max(1) as f64
     );
     for r in g.runs.iter().filter(|r| r.method != base.method && r.method != usual.method) {
-        let m = moved(r, base, usual)?;
+        let m = moved_from(&r.method, &answers(r), &b, &u)?;
         let share = 100.0 * m.to_usual as f64 / m.changed.max(1) as f64;
         let _ = writeln!(md, "| {} | {} | {} ({share:.0}%) | {} | {} |", r.method, m.changed, m.to_usual, m.right_now, m.right_before);
     }
