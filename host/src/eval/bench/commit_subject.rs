@@ -50,6 +50,7 @@ pub const DEF: BenchDef = BenchDef {
     prompt,
     hold_out: HoldOut::Latest,
     shares: (0.3, 0.2),
+    pool_min: None,
 };
 
 fn prompt(body: &str, _labels: Option<&[String]>) -> String {

@@ -8,7 +8,9 @@
 //! normalized area ([`normalize_area`]), among the [`NUM_LABELS`] most common
 //! areas. Users are authors with at least [`DEF`]`.min_items` labelled
 //! commits; their latest commits (release order, file order within a
-//! release) are the questions, the earlier ones the profile.
+//! release) are the questions, the earlier ones the profile. Authors with
+//! 4 to 9 form the `pool` split: more users to train the hypernetwork on,
+//! none of them in train, dev or test.
 use super::{build, count_drop, BenchDef, Built, HoldOut, SourceItem};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,6 +37,7 @@ pub const DEF: BenchDef = BenchDef {
     prompt,
     hold_out: HoldOut::Latest,
     shares: (0.3, 0.2),
+    pool_min: Some(4),
 };
 
 fn prompt(subject: &str, labels: Option<&[String]>) -> String {

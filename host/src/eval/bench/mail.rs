@@ -40,6 +40,7 @@ pub const DEF: BenchDef = BenchDef {
     prompt,
     hold_out: HoldOut::Random,
     shares: SPLIT_SHARES,
+    pool_min: None,
 };
 
 fn prompt(body: &str, _labels: Option<&[String]>) -> String {

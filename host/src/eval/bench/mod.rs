@@ -64,6 +64,12 @@ pub struct BenchDef {
     pub hold_out: HoldOut,
     /// Share of users in train and dev; the rest is test.
     pub shares: (f64, f64),
+    /// `Some(m)`: users with `m..min_items` items form a fourth split,
+    /// `pool`, of extra training users for the methods that learn across
+    /// users (the hypernetwork). Never dev or test users: they have fewer
+    /// items than any of those, so the pool is user-disjoint from every
+    /// split. Their latest half are questions, the rest the profile.
+    pub pool_min: Option<usize>,
 }
 
 /// Which of a user's items are held out as questions.
@@ -125,10 +131,11 @@ pub fn build(
     for item in items {
         by_user.entry(item.user.clone()).or_default().push(item);
     }
-    let few = by_user.values().filter(|v| v.len() < def.min_items).map(Vec::len).sum::<usize>();
-    *dropped.entry(format!("user has fewer than {} items", def.min_items)).or_default() += few;
-    let mut users: Vec<(String, Vec<SourceItem>)> =
-        by_user.into_iter().filter(|(_, v)| v.len() >= def.min_items).collect();
+    let least = def.pool_min.unwrap_or(def.min_items).min(def.min_items);
+    let few = by_user.values().filter(|v| v.len() < least).map(Vec::len).sum::<usize>();
+    *dropped.entry(format!("user has fewer than {least} items")).or_default() += few;
+    let (mut users, pool): (Vec<_>, Vec<_>) =
+        by_user.into_iter().filter(|(_, v)| v.len() >= least).partition(|(_, v)| v.len() >= def.min_items);
     if users.len() < 3 {
         return Err(Error::invalid(def.name, format!("only {} users with >= {} items; need 3 for train/dev/test", users.len(), def.min_items)));
     }
@@ -152,25 +159,43 @@ pub fn build(
         chunk.sort_by(|a, b| a.0.cmp(&b.0));
         let mut rows = Vec::new();
         for (user, mut items) in chunk {
-            items.sort_by(|a, b| a.id.cmp(&b.id));
-            match def.hold_out {
-                HoldOut::Random => shuffle(&mut items, &mut rng),
-                // Latest first: the held-out prefix is the newest items.
-                HoldOut::Latest => items.reverse(),
-            }
-            rows.extend(user_questions(def, &user, items, labels.as_deref()));
+            order(def, &mut items, &mut rng);
+            let q = def.max_queries.min(items.len() + 1 - def.min_items).max(1);
+            rows.extend(user_questions(def, &user, items, q, labels.as_deref()));
         }
         manifest.users.insert(split.to_string(), hi - lo);
         manifest.questions.insert(split.to_string(), rows.len());
         splits.push((split, rows));
     }
+    // After the three splits, so their users, questions and the stream that
+    // drew them are the same with or without a pool.
+    if def.pool_min.is_some() {
+        let mut rows = Vec::new();
+        for (user, mut items) in pool.iter().cloned() {
+            order(def, &mut items, &mut rng);
+            let q = items.len() / 2;
+            rows.extend(user_questions(def, &user, items, q, labels.as_deref()));
+        }
+        manifest.users.insert("pool".to_string(), pool.len());
+        manifest.questions.insert("pool".to_string(), rows.len());
+        splits.push(("pool", rows));
+    }
     Ok(Built { name: def.name, splits, labels, manifest })
+}
+
+/// A user's items sorted by id, then shuffled (random hold-out) or newest
+/// first (latest hold-out), so the first ones are the held-out questions.
+fn order(def: &BenchDef, items: &mut [SourceItem], rng: &mut ChaCha8Rng) {
+    items.sort_by(|a, b| a.id.cmp(&b.id));
+    match def.hold_out {
+        HoldOut::Random => shuffle(items, rng),
+        HoldOut::Latest => items.reverse(),
+    }
 }
 
 /// The questions of one user: the first `q` items (shuffled, or newest first)
 /// are held out, the others (in id order, capped) form the shared profile.
-fn user_questions(def: &BenchDef, user: &str, items: Vec<SourceItem>, labels: Option<&[String]>) -> Vec<(QuestionRow, String)> {
-    let q = def.max_queries.min(items.len() + 1 - def.min_items).max(1);
+fn user_questions(def: &BenchDef, user: &str, items: Vec<SourceItem>, q: usize, labels: Option<&[String]>) -> Vec<(QuestionRow, String)> {
     let (held, rest) = items.split_at(q);
     let mut rest = rest.to_vec();
     rest.sort_by(|a, b| a.id.cmp(&b.id));

@@ -32,6 +32,7 @@ pub const DEF: BenchDef = BenchDef {
     prompt,
     hold_out: HoldOut::Random,
     shares: SPLIT_SHARES,
+    pool_min: None,
 };
 
 fn prompt(quote: &str, labels: Option<&[String]>) -> String {

@@ -33,6 +33,7 @@ pub const DEF: BenchDef = BenchDef {
     prompt,
     hold_out: HoldOut::Random,
     shares: SPLIT_SHARES,
+    pool_min: None,
 };
 
 fn prompt(opening: &str, _labels: Option<&[String]>) -> String {
