@@ -4,8 +4,9 @@
 //! (Qwen3.5's GDN block, Qwen3.5's and Gemma 3's GGUF conventions), over the shared blocks
 //! ([`crate::model::blocks`]) and the shared inference decoder
 //! ([`crate::model::decoder`]). Adding one means adding a folder, an
-//! [`Architecture`] implementation and an arm in [`of`] (and, for its GGUF
-//! files, in [`gguf_conventions`]).
+//! [`Architecture`] implementation, a [`Recipe`] and an arm in [`of`] and
+//! [`recipe`] (and, for its GGUF files, in [`gguf_conventions`]).
+use super::blocks::GateAct;
 use super::checkpoint::Checkpoint;
 use super::config::{Arch, ModelConfig};
 use crate::ops::cpu_projection::FrozenDtype;
@@ -13,6 +14,7 @@ use super::decoder::ProjectionFactory;
 use super::gguf::{Conventions, Plain, RefusedTensors};
 use super::{gemma3, llama, qwen35};
 use crate::autograd::graph::TrainableModel;
+use crate::ops::rmsnorm::NormWeight;
 use crate::Result;
 
 /// What each architecture supplies.
@@ -25,6 +27,56 @@ pub trait Architecture: Sync {
     /// `tables` is the precision of embeddings and head, `unfused` records
     /// each adapted projection and its LoRA branch as two nodes.
     fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, tables: FrozenDtype, unfused: bool) -> Result<Box<dyn TrainableModel>>;
+}
+
+/// How an architecture's decoder layers differ from Llama's. Each
+/// architecture folder declares its own; the descriptor, the inference
+/// decoder and the attention decoders' training graph read it (through
+/// [`recipe`]) instead of matching on the architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recipe {
+    /// RMSNorm weights scale as stored (`w`) or as `1 + w`.
+    pub norm: NormWeight,
+    /// Per-head RMSNorm of q and k (`self_attn.{q,k}_norm.weight`).
+    pub qk_norm: bool,
+    /// q_proj also emits a sigmoid output gate (twice the rows).
+    pub gated_attention: bool,
+    /// Sandwich norms: the mixer's and the MLP's outputs are normed before
+    /// the residual add (`post_attention_layernorm`,
+    /// `post_feedforward_layernorm`), and the MLP's input norm is
+    /// `pre_feedforward_layernorm`; otherwise `post_attention_layernorm` is
+    /// the MLP's input norm.
+    pub sandwich_norms: bool,
+    /// The MLP's gate activation.
+    pub act: GateAct,
+    /// Token embeddings times `sqrt(hidden)`.
+    pub scaled_embeddings: bool,
+}
+
+impl Recipe {
+    /// The name (without `.weight`) of the norm before the MLP.
+    pub fn mlp_norm(&self) -> &'static str {
+        match self.sandwich_norms {
+            true => "pre_feedforward_layernorm",
+            false => "post_attention_layernorm",
+        }
+    }
+
+    /// The embedding rows' factor: `sqrt(hidden)` rounded to f32, as
+    /// transformers multiplies in the weights' dtype (f32 here).
+    pub fn embed_scale(&self, hidden: usize) -> Option<f32> {
+        self.scaled_embeddings.then(|| (hidden as f64).sqrt() as f32)
+    }
+}
+
+/// The layer recipe of `arch`.
+pub fn recipe(arch: Arch) -> &'static Recipe {
+    match arch {
+        Arch::Llama => &llama::LLAMA,
+        Arch::Qwen3 => &llama::QWEN3,
+        Arch::Qwen35 => &qwen35::RECIPE,
+        Arch::Gemma3 => &gemma3::RECIPE,
+    }
 }
 
 /// How GGUF files of `general.architecture` = `name` differ from Hugging

@@ -12,11 +12,12 @@
 //! let logits = model.logits(&hidden)?; // [3, vocab]
 //! # Ok::<(), hexlora::Error>(())
 //! ```
-use crate::model::config::{Arch, LayerKind, ModelConfig};
+use crate::model::arch;
+use crate::model::config::{LayerKind, ModelConfig};
 use crate::ops::cpu_projection::{inference_projection, CpuProjection};
 use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::blocks::{read_vector, Attention, GateAct, KvCache, Mlp};
+use crate::model::blocks::{read_vector, Attention, KvCache, Mlp};
 use crate::model::qwen35::{GatedDeltaNet, GdnState, GdnWeights};
 use crate::model::source::{RawTensor, TensorSource};
 use crate::ops::rmsnorm::{rmsnorm_forward, NormWeight};
@@ -166,7 +167,7 @@ impl Model {
         };
         let inv_freq = rope_inv_freq(config.rotary_dim, config.rope_theta, &config.rope_scaling);
         let sliding_inv_freq = config.sliding.map(|s| rope_inv_freq(config.rotary_dim, s.rope_theta, &RopeScaling::Default));
-        let embed_scale = (config.arch == Arch::Gemma3).then(|| (config.hidden_size as f64).sqrt() as f32);
+        let embed_scale = arch::recipe(config.arch).embed_scale(config.hidden_size);
         Ok(Model {
             final_norm: read_vector(src, &descriptor.final_norm.name)?,
             norm: descriptor.norm,
@@ -277,19 +278,19 @@ fn load_layer(
         let t = l.tensors.iter().find(|t| t.name.ends_with(suffix)).expect("descriptor lists it");
         read_vector(src, &t.name)
     };
-    let gemma = cfg.arch == Arch::Gemma3;
+    let recipe = arch::recipe(cfg.arch);
     let mixer = match l.kind {
         LayerKind::FullAttention | LayerKind::SlidingAttention => Mixer::Attention(Attention {
             q: proj(".q_proj")?,
             k: proj(".k_proj")?,
             v: proj(".v_proj")?,
             o: proj(".o_proj")?,
-            qk_norm: match cfg.arch {
-                Arch::Llama => None,
-                Arch::Qwen3 | Arch::Qwen35 | Arch::Gemma3 => Some((tensor(".q_norm.weight")?, tensor(".k_norm.weight")?)),
+            qk_norm: match recipe.qk_norm {
+                true => Some((tensor(".q_norm.weight")?, tensor(".k_norm.weight")?)),
+                false => None,
             },
             norm: desc.norm,
-            gated: cfg.arch == Arch::Qwen35,
+            gated: recipe.gated_attention,
             n_head: cfg.n_head,
             n_kv_head: cfg.n_kv_head,
             head_dim: cfg.head_dim,
@@ -307,14 +308,13 @@ fn load_layer(
             weights: Arc::new(GdnWeights::read(&tensor, cfg.gdn.expect("GDN layers have a GDN config"), cfg.rms_norm_eps)?),
         }),
     };
-    let act = if gemma { GateAct::GeluTanh } else { GateAct::Silu };
-    let optional = |suffix: &str| if gemma { tensor(suffix).map(Some) } else { Ok(None) };
+    let optional = |suffix: &str| if recipe.sandwich_norms { tensor(suffix).map(Some) } else { Ok(None) };
     Ok(Layer {
         input_norm: tensor("input_layernorm.weight")?,
         mixer,
         mixer_out_norm: optional("post_attention_layernorm.weight")?,
-        mlp_norm: tensor(if gemma { "pre_feedforward_layernorm.weight" } else { "post_attention_layernorm.weight" })?,
-        mlp: Mlp { gate: proj("gate_proj")?, up: proj("up_proj")?, down: proj("down_proj")?, act },
+        mlp_norm: tensor(&format!("{}.weight", recipe.mlp_norm()))?,
+        mlp: Mlp { gate: proj("gate_proj")?, up: proj("up_proj")?, down: proj("down_proj")?, act: recipe.act },
         mlp_out_norm: optional("post_feedforward_layernorm.weight")?,
     })
 }

@@ -4,6 +4,8 @@
 //! the training graphs are built from it, and the loader checks a
 //! checkpoint against it; the NPU's precision per projection kind is
 //! [`crate::npu::PrecisionPolicy`]'s.
+use crate::model::arch::{self, Recipe};
+use crate::model::blocks::GateAct;
 use crate::model::config::{Arch, LayerKind, ModelConfig};
 use crate::model::source::TensorSource;
 use crate::ops::rmsnorm::NormWeight;
@@ -99,23 +101,25 @@ fn spec(name: String, shape: &[usize]) -> TensorSpec {
 impl Descriptor {
     /// The descriptor for `cfg`'s architecture and sizes.
     pub fn new(cfg: &ModelConfig) -> Self {
-        let norm = match cfg.arch {
-            Arch::Qwen35 | Arch::Gemma3 => NormWeight::OnePlus,
-            Arch::Llama | Arch::Qwen3 => NormWeight::Plain,
-        };
+        let recipe = arch::recipe(cfg.arch);
+        let norm = recipe.norm;
         let (h, p) = (cfg.hidden_size, &cfg.prefix);
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let lp = format!("{p}layers.{i}.");
                 let mut d = match cfg.layer_types[i] {
-                    LayerKind::FullAttention | LayerKind::SlidingAttention => attention_layer(cfg, &lp, norm, cfg.layer_types[i]),
+                    LayerKind::FullAttention | LayerKind::SlidingAttention => attention_layer(cfg, recipe, &lp, cfg.layer_types[i]),
                     LayerKind::LinearAttention => gdn_layer(cfg, &lp),
                 };
                 d.projections.extend(mlp(cfg, &lp));
-                if cfg.arch == Arch::Gemma3 {
-                    sandwich_norms(cfg, &lp, norm, &mut d);
+                let mlp_op = match recipe.act {
+                    GateAct::Silu => Op::SwiGlu,
+                    GateAct::GeluTanh => Op::GeGlu,
+                };
+                if recipe.sandwich_norms {
+                    sandwich_norms(cfg, &lp, norm, mlp_op, &mut d);
                 } else {
-                    pre_norms(cfg, &lp, norm, &mut d);
+                    pre_norms(cfg, &lp, norm, mlp_op, &mut d);
                 }
                 d
             })
@@ -177,29 +181,29 @@ impl Descriptor {
 
 /// Llama's layer: `x += mixer(norm(x)); x += mlp(norm(x))`, the second
 /// norm named `post_attention_layernorm`.
-fn pre_norms(cfg: &ModelConfig, lp: &str, norm: NormWeight, d: &mut LayerDesc) {
+fn pre_norms(cfg: &ModelConfig, lp: &str, norm: NormWeight, mlp_op: Op, d: &mut LayerDesc) {
     let h = cfg.hidden_size;
     d.tensors.insert(0, spec(format!("{lp}input_layernorm.weight"), &[h]));
     d.tensors.push(spec(format!("{lp}post_attention_layernorm.weight"), &[h]));
     d.ops.splice(0..0, [Op::RmsNorm(norm)]);
-    d.ops.extend([Op::Residual, Op::RmsNorm(norm), Op::SwiGlu, Op::Residual]);
+    d.ops.extend([Op::Residual, Op::RmsNorm(norm), mlp_op, Op::Residual]);
 }
 
 /// Gemma's layer: `x += norm(attn(norm(x))); x += norm(mlp(norm(x)))`,
 /// with transformers' names for the four norms.
-fn sandwich_norms(cfg: &ModelConfig, lp: &str, norm: NormWeight, d: &mut LayerDesc) {
+fn sandwich_norms(cfg: &ModelConfig, lp: &str, norm: NormWeight, mlp_op: Op, d: &mut LayerDesc) {
     let h = cfg.hidden_size;
     d.tensors.insert(0, spec(format!("{lp}input_layernorm.weight"), &[h]));
     for name in ["post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
         d.tensors.push(spec(format!("{lp}{name}.weight"), &[h]));
     }
     d.ops.splice(0..0, [Op::RmsNorm(norm)]);
-    d.ops.extend([Op::RmsNorm(norm), Op::Residual, Op::RmsNorm(norm), Op::GeGlu, Op::RmsNorm(norm), Op::Residual]);
+    d.ops.extend([Op::RmsNorm(norm), Op::Residual, Op::RmsNorm(norm), mlp_op, Op::RmsNorm(norm), Op::Residual]);
 }
 
-fn attention_layer(cfg: &ModelConfig, lp: &str, norm: NormWeight, kind: LayerKind) -> LayerDesc {
-    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-    let gated = cfg.arch == Arch::Qwen35;
+fn attention_layer(cfg: &ModelConfig, recipe: &Recipe, lp: &str, kind: LayerKind) -> LayerDesc {
+    let (h, hd, norm) = (cfg.hidden_size, cfg.head_dim, recipe.norm);
+    let gated = recipe.gated_attention;
     let q_out = cfg.n_head * hd * if gated { 2 } else { 1 };
     let a = ProjectionKind::Attention;
     let projections = vec![
@@ -210,7 +214,7 @@ fn attention_layer(cfg: &ModelConfig, lp: &str, norm: NormWeight, kind: LayerKin
     ];
     let mut tensors = Vec::new();
     let mut ops = Vec::new();
-    if cfg.arch != Arch::Llama {
+    if recipe.qk_norm {
         tensors.push(spec(format!("{lp}self_attn.q_norm.weight"), &[hd]));
         tensors.push(spec(format!("{lp}self_attn.k_norm.weight"), &[hd]));
         ops.push(Op::HeadRmsNorm(norm));

@@ -5,18 +5,32 @@
 //! Its configuration is read by [`config`], its GGUF conventions undone by
 //! [`gguf`]. Inference runs in the shared [`crate::model::decoder::Model`],
 //! training in the attention decoders' graph
-//! ([`crate::model::llama::DecoderGraph`], which holds Gemma 3's five
-//! differences from Llama).
+//! ([`crate::model::llama::DecoderGraph`]); both read Gemma 3's differences
+//! from Llama from its [`RECIPE`].
 pub mod config;
 pub mod gguf;
 
-use super::arch::Architecture;
+use super::arch::{Architecture, Recipe};
+use super::blocks::GateAct;
+use crate::ops::rmsnorm::NormWeight;
 use super::checkpoint::Checkpoint;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use super::llama::DecoderGraph;
 use crate::autograd::graph::TrainableModel;
 use crate::Result;
+
+/// Gemma 3's layers: `(1 + w)` norms, q/k norms, sandwich norms, GeGLU,
+/// scaled embeddings (its sliding-window layers and their RoPE base come
+/// from its configuration).
+pub const RECIPE: Recipe = Recipe {
+    norm: NormWeight::OnePlus,
+    qk_norm: true,
+    gated_attention: false,
+    sandwich_norms: true,
+    act: GateAct::GeluTanh,
+    scaled_embeddings: true,
+};
 
 /// Gemma 3.
 pub struct Gemma3;

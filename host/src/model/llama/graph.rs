@@ -23,7 +23,8 @@ use crate::autograd::graph::{layer_lora_params, projection_infos, token_rows, Ba
 use crate::base::counter_rng;
 use crate::autograd::{SegmentFn, Tape, Var};
 use crate::model::blocks::GateAct;
-use crate::model::config::{Arch, LayerKind, ModelConfig};
+use crate::model::arch;
+use crate::model::config::{LayerKind, ModelConfig};
 use crate::ops::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
@@ -180,10 +181,10 @@ impl DecoderGraph {
     /// the vocabulary head are held in `tables`, which also picks
     /// attention's products (bf16 tables: bf16 operands).
     pub fn load_with(src: &dyn TensorSource, cfg: ModelConfig, make: &ProjectionFactory<'_>, tables: FrozenDtype) -> Result<Self> {
-        if cfg.arch == Arch::Qwen35 || cfg.layer_types.contains(&LayerKind::LinearAttention) {
+        let recipe = arch::recipe(cfg.arch);
+        if recipe.gated_attention || cfg.layer_types.contains(&LayerKind::LinearAttention) {
             return Err(Error::Unsupported("Qwen3.5 (Gated DeltaNet layers) has a graph of its own".into()));
         }
-        let gemma = cfg.arch == Arch::Gemma3;
         let desc = Descriptor::new(&cfg);
         desc.check(src)?;
         let proj = |info: &ProjectionInfo| -> Result<Arc<dyn Projection>> { make(info.clone(), &src.get(&format!("{}.weight", info.name))?) };
@@ -192,15 +193,18 @@ impl DecoderGraph {
             let p: Vec<Arc<dyn Projection>> = ld.projections.iter().map(proj).collect::<Result<_>>()?;
             let lp = format!("{}layers.{l}.", cfg.prefix);
             let norm = |name: &str| f32_tensor(src, &format!("{lp}{name}.weight"));
-            let qk_norm = match cfg.arch {
-                Arch::Llama => None,
-                _ => Some((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?)),
+            let qk_norm = match recipe.qk_norm {
+                true => Some((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?)),
+                false => None,
             };
-            let out_norms = if gemma { Some((norm("post_attention_layernorm")?, norm("post_feedforward_layernorm")?)) } else { None };
+            let out_norms = match recipe.sandwich_norms {
+                true => Some((norm("post_attention_layernorm")?, norm("post_feedforward_layernorm")?)),
+                false => None,
+            };
             layers.push(Layer {
                 proj: p.try_into().map_err(|_| Error::Unsupported("attention layer without exactly 7 projections".into()))?,
                 input_norm: norm("input_layernorm")?,
-                post_norm: norm(if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
+                post_norm: norm(recipe.mlp_norm())?,
                 qk_norm,
                 out_norms,
                 window: (ld.kind == LayerKind::SlidingAttention).then(|| cfg.sliding.map(|s| s.window)).flatten(),
@@ -226,8 +230,7 @@ impl DecoderGraph {
         };
         // As the inference decoder: query_pre_attn_scalar^-1/2 in f64, then f32.
         let attn_scale = cfg.query_pre_attn_scalar.map_or(1.0 / (cfg.head_dim as f32).sqrt(), |s| s.powf(-0.5) as f32);
-        let act = if gemma { GateAct::GeluTanh } else { GateAct::Silu };
-        let embed_scale = gemma.then(|| (cfg.hidden_size as f64).sqrt() as f32);
+        let (act, embed_scale) = (recipe.act, recipe.embed_scale(cfg.hidden_size));
         let shared = Shared { cfg, norm: desc.norm, layers, inv_freq, sliding_inv_freq, attn_scale, act, embed_scale, attention };
         Ok(DecoderGraph { shared: Arc::new(shared), embed, final_norm, head, head_slices, unfused_lora: false })
     }

@@ -6,12 +6,27 @@ pub mod graph;
 
 pub use graph::DecoderGraph;
 
-use super::arch::Architecture;
+use super::arch::{Architecture, Recipe};
+use super::blocks::GateAct;
+use crate::ops::rmsnorm::NormWeight;
 use super::checkpoint::Checkpoint;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use crate::autograd::graph::TrainableModel;
 use crate::Result;
+
+/// Llama: pre-norm layers, SwiGLU, plain RMSNorm weights.
+pub const LLAMA: Recipe = Recipe {
+    norm: NormWeight::Plain,
+    qk_norm: false,
+    gated_attention: false,
+    sandwich_norms: false,
+    act: GateAct::Silu,
+    scaled_embeddings: false,
+};
+
+/// Qwen3: Llama with per-head q/k RMSNorm.
+pub const QWEN3: Recipe = Recipe { qk_norm: true, ..LLAMA };
 
 /// The Llama family.
 pub struct Llama;

@@ -10,12 +10,25 @@ pub mod graph;
 pub use gdn::{GatedDeltaNet, GdnState, GdnWeights, L2NORM_EPS};
 pub use graph::Qwen35Graph;
 
-use super::arch::Architecture;
+use super::arch::{Architecture, Recipe};
+use super::blocks::GateAct;
+use crate::ops::rmsnorm::NormWeight;
 use super::checkpoint::Checkpoint;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use crate::autograd::graph::TrainableModel;
 use crate::Result;
+
+/// Qwen3.5's attention layers (its GDN layers are [`gdn`]'s): `(1 + w)`
+/// norms, q/k norms, a gated q_proj, SwiGLU.
+pub const RECIPE: Recipe = Recipe {
+    norm: NormWeight::OnePlus,
+    qk_norm: true,
+    gated_attention: true,
+    sandwich_norms: false,
+    act: GateAct::Silu,
+    scaled_embeddings: false,
+};
 
 /// Qwen3.5.
 pub struct Qwen35;
