@@ -94,6 +94,14 @@ fn bench_build_eval_and_report_through_the_cli() {
         let err = hexlora(&again);
         assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("pass --force"), "{}", String::from_utf8_lossy(&err.stderr));
         ok(hexlora(&[&again[..], &["--force"]].concat()));
+        // Two runs of one method need a name each: a variant is NAME=PATH.
+        let err = hexlora(&["report", s(&files[0]), s(&files[0]), "--out", s(&tmp.path().join("twice"))]);
+        let said = String::from_utf8_lossy(&err.stderr);
+        assert!(!err.status.success() && said.contains("a second run named \"majority-user\"") && said.contains("NAME="), "{said}");
+        let variant = format!("majority-user-again={}", s(&files[0]));
+        ok(hexlora(&["report", s(&files[0]), &variant, s(&files[1]), "--baseline", "majority-global", "--out", s(&tmp.path().join("twice"))]));
+        let md = std::fs::read_to_string(tmp.path().join("twice/report.md")).unwrap();
+        assert!(md.contains("| majority-user |") && md.contains("| majority-user-again |"), "{md}");
     } else {
         support::skip(&format!("the report part: no font at {} (toolchain/install.sh installs fonts-dejavu-core)", hexlora::eval::plot::DEFAULT_FONT));
     }
