@@ -265,16 +265,15 @@ fn git_area_from_debian_git_shortlog() {
     let labels = built.labels.clone().unwrap();
     assert_eq!(labels.len(), git_area::NUM_LABELS);
     assert!(labels.contains(&"documentation".to_string()) && !labels.contains(&"doc".to_string()) && !labels.contains(&"l10n".to_string()));
-    let (items, _, _) = git_area::items_from_text(&text);
+    let (items, item_labels, dropped) = git_area::items_from_text(&text);
     let parsed = git_area::parse_shortlog(&text).len();
     assert!(parsed > 40_000, "only {parsed} subjects parsed");
     let (users, questions) = check_chronological(&built, &git_area::DEF, parsed, &items);
     assert!(users >= 40 && questions >= 1000, "test split: {users} users, {questions} questions");
     // The pool adds training users without touching the other splits.
     assert!(built.manifest.users["pool"] >= 100, "pool: {:?}", built.manifest.users);
-    let (items, labels, dropped) = git_area::items_from_text(&text);
     let def = bench::BenchDef { pool_min: None, ..git_area::DEF };
-    let without = bench::build(&def, items, Some(labels), 7, git_area::SOURCE, dropped).unwrap();
+    let without = bench::build(&def, items, Some(item_labels), 7, git_area::SOURCE, dropped).unwrap();
     assert_eq!(without.splits.len(), 3);
     for (a, b) in without.splits.iter().zip(&built.splits) {
         assert_eq!(a.0, b.0);

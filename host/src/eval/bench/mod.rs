@@ -170,13 +170,13 @@ pub fn build(
     // After the three splits, so their users, questions and the stream that
     // drew them are the same with or without a pool.
     if def.pool_min.is_some() {
-        let mut rows = Vec::new();
-        for (user, mut items) in pool.iter().cloned() {
+        let (mut rows, pool_users) = (Vec::new(), pool.len());
+        for (user, mut items) in pool {
             order(def, &mut items, &mut rng);
             let q = items.len() / 2;
             rows.extend(user_questions(def, &user, items, q, labels.as_deref()));
         }
-        manifest.users.insert("pool".to_string(), pool.len());
+        manifest.users.insert("pool".to_string(), pool_users);
         manifest.questions.insert("pool".to_string(), rows.len());
         splits.push(("pool", rows));
     }
