@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod bench;
 mod grad;
+mod hyper_average;
 mod hypertrain;
 mod info;
 mod personalize;
@@ -40,6 +41,8 @@ enum Command {
     Train(train::Args),
     /// Train the LoRA-synthesizing hypernetwork for a population (SimCSE, then end to end).
     Hypertrain(hypertrain::Args),
+    /// Average the weights of checkpoints of one hypertrain run into one hypernetwork.
+    HyperAverage(hyper_average::Args),
     /// Synthesize a user's PEFT adapter from their examples with a trained hypernetwork.
     Synth(synth::Args),
     /// The nightly job: split-runtime LoRA training (planner, pacing, commits, resume, report).
@@ -97,6 +100,7 @@ pub fn main() -> ExitCode {
         Command::Grad(args) => grad::run(args),
         Command::Train(args) => on_rayon_worker(|| train::run(args)),
         Command::Hypertrain(args) => hypertrain::run(args),
+        Command::HyperAverage(args) => hyper_average::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Personalize(args) => on_rayon_worker(|| personalize::run(args)),
         Command::Eval(args) => eval::run(args),

@@ -11,7 +11,9 @@
 //! - [`heldout`]: loss of synthesized LoRAs on held-out users;
 //! - [`commit`], [`trainer`]: `hexlora hypertrain` (commits, resume);
 //! - [`checkpoints`]: the held-out check and the networks it keeps, a step hook;
+//! - [`average`]: the weight-wise mean of checkpoints of one run;
 //! - [`eval_method`]: the `hypernet` method of `hexlora eval`.
+pub mod average;
 pub mod commit;
 pub mod checkpoints;
 pub mod config;

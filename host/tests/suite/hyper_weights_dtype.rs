@@ -71,3 +71,36 @@ fn f16_storage_halves_the_file_and_keeps_synthesis_within_the_bound() {
         }
     }
 }
+
+/// `hexlora hyper-average` of two networks of one configuration: every
+/// weight of the result, loaded as a network, is the f64 mean of the two;
+/// `--out` naming one of the checkpoints is refused and leaves it intact.
+#[test]
+fn hyper_average_writes_the_weight_wise_mean_as_a_loadable_network() {
+    let model = EvalModel::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper/eval-model")).unwrap();
+    let a = trained_like(&model, HeadVariant::Parallel);
+    let mut b = a.clone();
+    let shifted = b.params().into_iter().enumerate().map(|(j, mut t)| {
+        t.data.iter_mut().enumerate().for_each(|(i, v)| *v += 0.05 * counter_rng::normal(counter_rng::derive(13, j as u64), i as u64));
+        t
+    });
+    b.set_params(shifted.collect()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (da, db, out) = (dir.path().join("step100"), dir.path().join("step150"), dir.path().join("mean"));
+    a.save(&da).unwrap();
+    b.save(&db).unwrap();
+    let run = crate::support::hexlora().arg("hyper-average").arg(&da).arg(&db).arg("--out").arg(&out).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let mean = HyperNet::load(&out, &*model.graph).unwrap();
+    assert_eq!(mean.config, a.config);
+    for ((x, y), m) in a.params().iter().zip(b.params()).zip(mean.params()) {
+        for ((&u, &v), &w) in x.data.iter().zip(&y.data).zip(&m.data) {
+            assert_eq!(w, ((u as f64 + v as f64) / 2.0) as f32);
+        }
+    }
+    let before = std::fs::read(db.join("hypernet.safetensors")).unwrap();
+    let run = crate::support::hexlora().arg("hyper-average").arg(&da).arg(&db).arg("--out").arg(&db).arg("--force").output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("--out") && err.contains("checkpoint"), "{err}");
+    assert_eq!(std::fs::read(db.join("hypernet.safetensors")).unwrap(), before);
+}
