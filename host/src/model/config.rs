@@ -382,6 +382,13 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// The factor on attention scores: `query_pre_attn_scalar^-1/2` taken
+    /// in f64 then rounded (Gemma 3, as PyTorch), else `head_dim^-1/2`.
+    /// The inference decoder and the training graph both read it here.
+    pub fn attention_scale(&self) -> f32 {
+        self.query_pre_attn_scalar.map_or(1.0 / (self.head_dim as f32).sqrt(), |s| s.powf(-0.5) as f32)
+    }
+
     /// Cross-field checks: heads divide evenly, rotary fits the head.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::invalid("model config", msg));

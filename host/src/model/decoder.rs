@@ -295,8 +295,7 @@ fn load_layer(
             n_kv_head: cfg.n_kv_head,
             head_dim: cfg.head_dim,
             eps: cfg.rms_norm_eps,
-            // transformers: query_pre_attn_scalar ** -0.5 in f64, then f32.
-            scale: cfg.query_pre_attn_scalar.map_or(1.0 / (cfg.head_dim as f32).sqrt(), |s| s.powf(-0.5) as f32),
+            scale: cfg.attention_scale(),
             window: (l.kind == LayerKind::SlidingAttention).then(|| cfg.sliding.map(|s| s.window)).flatten(),
         }),
         LayerKind::LinearAttention => Mixer::Gdn(GatedDeltaNet {

