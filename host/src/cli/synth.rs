@@ -42,9 +42,7 @@ fn peak_rss_mib() -> Option<f64> {
 /// Runs `hexlora synth`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let start = Instant::now();
-    let config_path = args.hypernet.join(hexlora::hyper::hypernet::CONFIG_FILE);
-    let config_text = std::fs::read_to_string(&config_path).with_context(|| config_path.display().to_string())?;
-    let config: hexlora::hyper::HyperConfig = serde_json::from_str(&config_text).with_context(|| config_path.display().to_string())?;
+    let config = hexlora::hyper::hypernet::read_config(&args.hypernet)?;
     let model_path = args.model.unwrap_or_else(|| PathBuf::from(&config.base_model));
     let ckpt = Checkpoint::open(&model_path).with_context(|| format!("model {} (pass --model)", model_path.display()))?;
     let model = hexlora::train::trainable(&ckpt, FrozenDtype::F32, false)?;

@@ -5,7 +5,7 @@
 //! nearby weights is the usual remedy for such a swing (stochastic weight
 //! averaging). Works on the files alone: no model is loaded, and the
 //! checkpoints must share their configuration and every tensor's shape.
-use super::hypernet::{CONFIG_FILE, WEIGHTS_FILE};
+use super::hypernet::{read_config, write_config, CONFIG_FILE, WEIGHTS_FILE};
 use super::HyperConfig;
 use crate::base::atomic_write::write_atomic;
 use crate::base::tensor_file::{check_finite, TensorFile};
@@ -24,9 +24,7 @@ struct Source {
 }
 
 fn read_source(dir: &Path) -> Result<Source> {
-    let cpath = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
-    let config: HyperConfig = serde_json::from_str(&text).map_err(|e| Error::format(cpath.display().to_string(), e.to_string()))?;
+    let config = read_config(dir)?;
     let wpath = dir.join(WEIGHTS_FILE);
     let weights = TensorFile::read(&wpath)?;
     for (name, t) in &weights.tensors {
@@ -82,8 +80,7 @@ pub fn average_checkpoints(dirs: &[PathBuf], out: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     averaged.write_atomic(&out.join(WEIGHTS_FILE))?;
-    let config = serde_json::to_vec_pretty(&sources[0].config).expect("config serialises");
-    write_atomic(&out.join(CONFIG_FILE), &config)?;
+    write_config(out, &sources[0].config)?;
     let listed: Vec<serde_json::Value> = sources.iter().map(|s| serde_json::json!({"dir": s.dir.display().to_string(), "checkpoint": checkpoint_record(&s.dir)})).collect();
     let json = serde_json::to_vec_pretty(&serde_json::json!({ "mean_of": listed })).expect("json serialises");
     write_atomic(&out.join(SOURCES_FILE), &json)

@@ -45,6 +45,20 @@ fn f16_bytes(f: &TensorFile) -> Result<Vec<u8>> {
     safetensors::tensor::serialize(views, None).map_err(|e| Error::format("safetensors", e.to_string()))
 }
 
+/// The configuration of the hypernetwork directory `dir` (`hypernet.json`),
+/// without its weights.
+pub fn read_config(dir: &Path) -> Result<HyperConfig> {
+    let cpath = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::format(cpath.display().to_string(), e.to_string()))
+}
+
+/// Writes `dir/hypernet.json` atomically.
+pub fn write_config(dir: &Path, config: &HyperConfig) -> Result<()> {
+    let json = serde_json::to_vec_pretty(config).expect("config serialises");
+    write_atomic(&dir.join(CONFIG_FILE), &json)
+}
+
 /// Embedder LoRA + heads.
 #[derive(Clone, Debug)]
 pub struct HyperNet {
@@ -134,17 +148,13 @@ impl HyperNet {
             WeightsDtype::F32 => f.write_atomic(&dir.join(WEIGHTS_FILE))?,
             WeightsDtype::F16 => write_atomic(&dir.join(WEIGHTS_FILE), &f16_bytes(&f)?)?,
         }
-        let json = serde_json::to_vec_pretty(&self.config).expect("config serialises");
-        write_atomic(&dir.join(CONFIG_FILE), &json)
+        write_config(dir, &self.config)
     }
 
     /// Reads a hypernetwork directory for `model` (the head layout follows
     /// the model's projections; every tensor must be present with its shape).
     pub fn load(dir: &Path, model: &dyn TrainableModel) -> Result<HyperNet> {
-        let cpath = dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
-        let config: HyperConfig = serde_json::from_str(&text).map_err(|e| Error::format(cpath.display().to_string(), e.to_string()))?;
-        let mut net = HyperNet::init(config, model, None, 0)?;
+        let mut net = HyperNet::init(read_config(dir)?, model, None, 0)?;
         let wpath = dir.join(WEIGHTS_FILE);
         let what = wpath.display().to_string();
         let f = TensorFile::read(&wpath)?;
