@@ -153,6 +153,11 @@ struct ModelArgs {
     /// Trained hypernetwork directory (`hexlora hypertrain`), for `--method hypernet`.
     #[arg(long)]
     hypernet: Option<PathBuf>,
+    /// Scale of each user's part of the synthesized LoRA (`--method
+    /// hypernet`): 1 = as trained, 0 = the network's common LoRA, > 1
+    /// extrapolates away from it. Finite and >= 0.
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
+    hypernet_strength: f32,
 }
 
 /// The method named `name`: a model-free baseline, or a model-backed
@@ -166,7 +171,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
         let dir = m.hypernet.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --hypernet DIR"))?;
         let model = Arc::new(EvalModel::open(path)?);
-        return Ok(Box::new(hyper_eval::HypernetMethod::open(model, path, dir, m.max_prompt_chars)?.with_label_score(m.label_score.into())));
+        return Ok(Box::new(hyper_eval::HypernetMethod::open(model, path, dir, m.max_prompt_chars)?.with_label_score(m.label_score.into()).with_strength(m.hypernet_strength)));
     }
     let known = || format!("{}, {}, {}", baselines::NAMES.join(", "), model_methods::NAMES.join(", "), hyper_eval::NAME);
     anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
@@ -174,6 +179,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
     if name != "user-lora" {
         super::args::warn_ignored(&format!("only user-lora runs on the DSP, not {name}"), &[("--precision", m.precision != super::args::DEFAULT_PRECISION)]);
     }
+    super::args::warn_ignored(&format!("only the hypernet method synthesizes, not {name}"), &[("--hypernet", m.hypernet.is_some()), ("--hypernet-strength", m.hypernet_strength != 1.0)]);
     let model = Arc::new(EvalModel::open(path)?);
     let positions = model.model.config.max_position_embeddings;
     for (flag, v) in [("--max-len", m.max_len), ("--max-new-tokens", args.max_new_tokens)] {

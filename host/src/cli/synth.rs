@@ -30,6 +30,11 @@ pub struct Args {
     /// Model (default: the one recorded in hypernet.json).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Scale of the user's part of the synthesized LoRA: 1 = as trained,
+    /// 0 = the network's common LoRA, > 1 extrapolates away from it
+    /// (choose it on dev with `hexlora eval --hypernet-strength`). Finite, >= 0.
+    #[arg(long, default_value_t = 1.0, value_parser = super::args::non_negative)]
+    strength: f32,
 }
 
 /// Peak resident set size of this process (`VmHWM`), in MiB.
@@ -56,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let synth_start = Instant::now();
     let refs: Vec<_> = pairs.iter().collect();
     let (context, fitted) = render_context_fitted(&text, &net.config, &refs)?;
-    let adapter = net.synthesize(&*model, &context)?;
+    let adapter = net.synthesize_with_strength(&*model, &context, args.strength)?;
     let synth = synth_start.elapsed().as_secs_f64();
     adapter.save(&args.out)?;
     let cut = if fitted.cut { " and part of one more" } else { "" };

@@ -34,6 +34,8 @@ pub struct HypernetMethod {
     text: ModelText,
     dir: PathBuf,
     max_prompt_chars: usize,
+    /// Scale of each user's part of the synthesized LoRA (1: as trained).
+    strength: f32,
     /// How classification scores its labels.
     label_score: LabelScore,
     /// The current user's synthesized LoRA (`None`: no profile, base model).
@@ -53,12 +55,19 @@ impl HypernetMethod {
     pub fn open(model: Arc<EvalModel>, model_path: &Path, dir: &Path, max_prompt_chars: usize) -> Result<Self> {
         let net = HyperNet::load(dir, &*model.graph)?;
         let text = ModelText::open(model_path)?;
-        Ok(HypernetMethod { model, net, text, dir: dir.to_path_buf(), max_prompt_chars, label_score: LabelScore::Mean, user: None, scored: HashMap::new() })
+        Ok(HypernetMethod { model, net, text, dir: dir.to_path_buf(), max_prompt_chars, strength: 1.0, label_score: LabelScore::Mean, user: None, scored: HashMap::new() })
     }
 
     /// Scores classification labels as `score` says (default: per token).
     pub fn with_label_score(mut self, score: LabelScore) -> Self {
         self.label_score = score;
+        self
+    }
+
+    /// Scales each user's part of the synthesized LoRA by `strength`
+    /// ([`HyperNet::synthesize_with_strength`]; 1 = as trained).
+    pub fn with_strength(mut self, strength: f32) -> Self {
+        self.strength = strength;
         self
     }
 
@@ -85,6 +94,7 @@ impl Method for HypernetMethod {
             "hypernet": self.dir.display().to_string(),
             "hyper_config": self.net.config,
             "max_prompt_chars": self.max_prompt_chars,
+            "strength": self.strength,
             "label_score": self.label_score,
         })
     }
@@ -103,7 +113,7 @@ impl Method for HypernetMethod {
         if context.is_empty() {
             return Ok(UserPrep::default());
         }
-        self.user = Some(self.net.synthesize(&*self.model.graph, &context)?);
+        self.user = Some(self.net.synthesize_with_strength(&*self.model.graph, &context, self.strength)?);
         Ok(UserPrep { seconds: start.elapsed().as_secs_f64(), tokens: context.len() as u64, loss_curve: Vec::new() })
     }
 

@@ -254,6 +254,15 @@ impl Heads {
 
     /// Every head's matrix for embedding `e: [E]`, in `specs` order.
     pub fn forward(&self, e: &[f32]) -> Result<(Vec<Tensor>, HeadsCache)> {
+        self.forward_with_strength(e, 1.0)
+    }
+
+    /// [`Heads::forward`] with the user's part scaled: `out = b2 + s W2 (h - c)`.
+    /// With centred heads `b2` is what every user gets and `W2 (h - c)` what
+    /// this user's embedding adds, so `s > 1` pushes a synthesized LoRA further
+    /// from the population's (task-vector extrapolation), `s = 0` is the common
+    /// LoRA, and `s = 1` is training's forward, bit for bit (`1.0 * x == x`).
+    pub fn forward_with_strength(&self, e: &[f32], strength: f32) -> Result<(Vec<Tensor>, HeadsCache)> {
         if e.len() != self.embed_dim {
             return Err(Error::Shape { what: "hypernetwork embedding".into(), expected: vec![self.embed_dim], got: vec![e.len()] });
         }
@@ -265,7 +274,7 @@ impl Heads {
             let z = self.pre_activation(j, &cache.input);
             let h = self.centered(j, z.iter().map(|&z| silu(z)).collect());
             let (w2, b2) = (&self.params[s.w2].data, &self.params[s.b2].data);
-            let out: Vec<f32> = b2.iter().enumerate().map(|(n, &b)| b + dot(&w2[n * self.k..(n + 1) * self.k], &h)).collect();
+            let out: Vec<f32> = b2.iter().enumerate().map(|(n, &b)| b + strength * dot(&w2[n * self.k..(n + 1) * self.k], &h)).collect();
             outs.push(Tensor { shape: s.shape.to_vec(), data: out });
             cache.z.extend(z);
             cache.centered.extend(h);
@@ -431,4 +440,59 @@ impl Heads {
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::projection::ProjectionKind;
+
+    /// Heads of one q_proj (in 6, out 5), rank 2, bottleneck 3, embedding 4,
+    /// centred, every parameter filled with counter-RNG values.
+    fn filled_heads() -> Heads {
+        let out = LoraConfig { r: 2, alpha: 4.0, target_modules: vec!["q_proj".into()], dropout: 0.0, use_rslora: false, base_model: String::new() };
+        let proj = [ProjectionInfo { name: "model.layers.0.self_attn.q_proj".into(), kind: ProjectionKind::Attention, out_features: 5, in_features: 6 }];
+        let mut heads = Heads::new(HeadVariant::Parallel, 4, 3, &out, &proj, None, (true, false), 7).unwrap();
+        let (_, weight) = heads.center.unwrap();
+        for (i, p) in heads.params.iter_mut().enumerate() {
+            p.data.iter_mut().enumerate().for_each(|(n, x)| *x = counter_rng::uniform(counter_rng::derive(11, i as u64), n as u64) - 0.5);
+        }
+        heads.params[weight].data[0] = 2.0;
+        heads
+    }
+
+    /// `b2 + s W2 (silu(W1 e + b1) - sum / weight)` per head, in f64.
+    fn reference(heads: &Heads, e: &[f32], s: f64) -> Vec<Vec<f64>> {
+        let (sum, weight) = heads.center.unwrap();
+        let p = |i: usize| heads.params[i].data.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        heads.specs.iter().enumerate().map(|(j, spec)| {
+            let (w1, b1, w2, b2, c, w) = (p(spec.w1), p(spec.b1), p(spec.w2), p(spec.b2), p(sum), p(weight)[0]);
+            let h: Vec<f64> = (0..heads.k).map(|i| {
+                let z = b1[i] + (0..heads.embed_dim).map(|d| w1[i * heads.embed_dim + d] * e[d] as f64).sum::<f64>();
+                z / (1.0 + (-z).exp()) - c[j * heads.k + i] / w
+            }).collect();
+            (0..b2.len()).map(|n| b2[n] + s * (0..heads.k).map(|i| w2[n * heads.k + i] * h[i]).sum::<f64>()).collect()
+        }).collect()
+    }
+
+    #[test]
+    fn strength_scales_the_users_part_and_one_is_training_forward() {
+        let heads = filled_heads();
+        let e = [0.3, -1.2, 0.7, 2.0];
+        let (trained, _) = heads.forward(&e).unwrap();
+        for s in [0.0f32, 1.0, 2.5] {
+            let (outs, _) = heads.forward_with_strength(&e, s).unwrap();
+            for (out, want) in outs.iter().zip(reference(&heads, &e, s as f64)) {
+                for (x, y) in out.data.iter().zip(&want) {
+                    assert!((*x as f64 - y).abs() < 1e-5, "strength {s}: {x} against f64 {y}");
+                }
+            }
+            if s == 1.0 {
+                assert!(outs.iter().zip(&trained).all(|(a, b)| a.data == b.data), "strength 1 must be training's forward bit for bit");
+            }
+            if s == 0.0 {
+                assert!(outs.iter().zip(&heads.specs).all(|(o, spec)| o.data == heads.params[spec.b2].data), "strength 0 must be b2, the common LoRA");
+            }
+        }
+    }
 }

@@ -126,8 +126,19 @@ impl HyperNet {
     /// Stage 2: the LoRA for a user whose rendered context is `context`
     /// (token ids), in one forward pass.
     pub fn synthesize(&self, model: &dyn TrainableModel, context: &Context) -> Result<Adapter> {
+        self.synthesize_with_strength(model, context, 1.0)
+    }
+
+    /// [`HyperNet::synthesize`] with the user's part of every emitted matrix
+    /// scaled by `strength` ([`Heads::forward_with_strength`]): 1 is the
+    /// trained network, 0 its common LoRA, above 1 an extrapolation away
+    /// from it (a knob chosen on dev, like a learning rate).
+    pub fn synthesize_with_strength(&self, model: &dyn TrainableModel, context: &Context, strength: f32) -> Result<Adapter> {
+        if !(strength.is_finite() && strength >= 0.0) {
+            return Err(Error::Invalid { what: "hypernetwork strength".into(), msg: format!("{strength} (must be finite and >= 0)") });
+        }
         let pass = embed_forward(model, &self.embedder, context, None, false, &[])?;
-        let (outs, _) = self.heads.forward(&pass.embedding)?;
+        let (outs, _) = self.heads.forward_with_strength(&pass.embedding, strength)?;
         Ok(self.heads.to_adapter(outs, self.config.out_lora()))
     }
 

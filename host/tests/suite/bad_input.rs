@@ -109,6 +109,14 @@ fn numeric_options_are_checked_when_parsed() {
         let out = run(support::hexlora().args(["generate", "--model", "/nonexistent", "--adapter", "/nonexistent", "--prompt", "hi"]).arg(case));
         refused(&out, &[&option(case)]);
     }
+    for case in ["--hypernet-strength=nan", "--hypernet-strength=-0.5"] {
+        let out = run(support::hexlora().args(["eval", "--bench", "/nonexistent", "--method", "hypernet", "--out", "/nonexistent"]).arg(case));
+        refused(&out, &[&option(case)]);
+    }
+    for case in ["--strength=inf", "--strength=-1"] {
+        let out = run(support::hexlora().args(["synth", "--hypernet", "/nonexistent", "--context", "/nonexistent", "--out", "/nonexistent"]).arg(case));
+        refused(&out, &[&option(case)]);
+    }
 }
 
 #[test]
