@@ -7,7 +7,9 @@
 //! [`Architecture`] implementation, a [`Recipe`] and an arm in [`of`] and
 //! [`recipe`] (and, for its GGUF files, in [`gguf_conventions`]).
 use super::blocks::GateAct;
+use super::chat::ChatTemplate;
 use super::checkpoint::Checkpoint;
+use super::gguf_adapter::AdapterLayout;
 use super::config::{Arch, ModelConfig};
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
@@ -27,6 +29,21 @@ pub trait Architecture: Sync {
     /// `tables` is the precision of embeddings and head, `unfused` records
     /// each adapted projection and its LoRA branch as two nodes.
     fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, tables: FrozenDtype, unfused: bool) -> Result<Box<dyn TrainableModel>>;
+
+    /// How llama.cpp lays out its LoRA adapters (`hexlora adapter`'s GGUF
+    /// export and import), or why they are not exported.
+    fn gguf_adapter(&self, cfg: &ModelConfig) -> Result<AdapterLayout>;
+
+    /// The chat template of a checkpoint that carries none.
+    fn default_chat(&self) -> ChatTemplate {
+        ChatTemplate::chatml()
+    }
+
+    /// Whether its training graph can record each adapted projection and
+    /// its LoRA branch as two nodes (`--no-fuse`).
+    fn has_unfused_mode(&self) -> bool {
+        true
+    }
 }
 
 /// How an architecture's decoder layers differ from Llama's. Each

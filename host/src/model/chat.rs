@@ -15,7 +15,6 @@
 //! Anything else in a template (tools, Qwen's thinking switch) is not
 //! rendered: [`ChatTemplate::from_jinja`] refuses templates it does not
 //! recognise as ChatML or Gemma's.
-use crate::model::config::Arch;
 use crate::{Error, Result};
 
 /// One chat message.
@@ -85,14 +84,13 @@ impl ChatTemplate {
         Ok(ChatTemplate::ChatMl { default_system: default_system(jinja) })
     }
 
-    /// The template of a checkpoint of architecture `arch` whose own Jinja
-    /// template is `jinja`: that one if hexlora renders it (an error if
-    /// not), else Gemma's for Gemma 3 and ChatML for the others.
-    pub fn for_checkpoint(jinja: Option<&str>, arch: Arch) -> Result<Self> {
+    /// The template of a checkpoint whose own Jinja template is `jinja`:
+    /// that one if hexlora renders it (an error if not), else its
+    /// architecture's `default` ([`crate::model::arch::Architecture::default_chat`]).
+    pub fn for_checkpoint(jinja: Option<&str>, default: ChatTemplate) -> Result<Self> {
         match jinja {
             Some(j) => Self::from_jinja(j),
-            None if arch == Arch::Gemma3 => Ok(ChatTemplate::Gemma),
-            None => Ok(Self::chatml()),
+            None => Ok(default),
         }
     }
 

@@ -67,7 +67,7 @@ impl Checkpoint {
     /// checkpoint has none: Gemma's for Gemma 3, ChatML otherwise; an
     /// error for templates it cannot render).
     pub fn template(&self) -> Result<ChatTemplate> {
-        ChatTemplate::for_checkpoint(self.chat_template.as_deref(), self.config.arch)
+        ChatTemplate::for_checkpoint(self.chat_template.as_deref(), super::arch::of(&self.config).default_chat())
     }
 
     /// The first tensor holding a NaN or an infinity, and the element: a

@@ -17,7 +17,7 @@
 //! alpha: the same scaling up to f32 rounding.
 use crate::lora::config::LoraConfig;
 use crate::lora::peft::{Adapter, LoraModule};
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::ModelConfig;
 use crate::model::descriptor::Descriptor;
 use crate::model::gguf::{gguf_projection_name, hf_name, rotary_gguf_row, Gguf, Value};
 use crate::model::gguf_writer::{GgufWriter, TensorOut};
@@ -39,24 +39,25 @@ pub enum OutType {
     Q8_0,
 }
 
-/// llama.cpp's name for the architecture; only those whose GGUF layout
-/// [`gguf_projection_name`] and the q/k permutation describe. Gemma 3's
-/// projections carry Llama's GGUF names and its q/k rows are not permuted
-/// (llama.cpp rotates them NeoX-style, in Hugging Face's row order).
-fn gguf_arch(cfg: &ModelConfig) -> Result<&'static str> {
-    match cfg.arch {
-        Arch::Llama => Ok("llama"),
-        Arch::Qwen3 => Ok("qwen3"),
-        Arch::Gemma3 => Ok("gemma3"),
-        Arch::Qwen35 => Err(Error::Unsupported(
-            "GGUF LoRA adapters for Qwen3.5 (its GGUF rewrites value heads and norms; only Llama, Qwen3 and Gemma 3 are exported)".into(),
-        )),
-    }
+/// How llama.cpp lays out one architecture's adapters; each architecture
+/// folder says ([`crate::model::arch::Architecture::gguf_adapter`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdapterLayout {
+    /// `general.architecture` (`llama`, `qwen3`, `gemma3`).
+    pub arch: &'static str,
+    /// Whether the base model's q/k rows sit in llama.cpp's rotary
+    /// permutation ([`rotary_gguf_row`]), so `B`'s rows of q and k move too.
+    pub permuted_qk: bool,
+}
+
+/// The layout of `cfg`'s architecture, or why its adapters are not exported.
+fn layout(cfg: &ModelConfig) -> Result<AdapterLayout> {
+    crate::model::arch::of(cfg).gguf_adapter(cfg)
 }
 
 /// Rotary heads whose permutation a module's output rows carry, if any.
-fn rotary_heads(cfg: &ModelConfig, module: &str) -> Option<usize> {
-    if cfg.arch != Arch::Llama {
+fn rotary_heads(cfg: &ModelConfig, layout: AdapterLayout, module: &str) -> Option<usize> {
+    if !layout.permuted_qk {
         return None;
     }
     if module.ends_with(".self_attn.q_proj") {
@@ -106,12 +107,12 @@ fn encode(name: String, t: &Tensor, out: OutType) -> Result<TensorOut> {
 /// GGUF at `path` (atomically). Every module must be a projection the
 /// GGUF layout names.
 pub fn export(adapter: &Adapter, cfg: &ModelConfig, out: OutType, path: &Path) -> Result<()> {
-    let arch = gguf_arch(cfg)?;
+    let layout = layout(cfg)?;
     adapter.check(Descriptor::new(cfg).projections())?;
     let c = &adapter.config;
     let alpha = if c.use_rslora { c.alpha * (c.r as f32).sqrt() } else { c.alpha };
     let mut w = GgufWriter::default();
-    w.kv("general.architecture", Value::String(arch.into()))
+    w.kv("general.architecture", Value::String(layout.arch.into()))
         .kv("general.type", Value::String("adapter".into()))
         .kv("general.name", Value::String(c.base_model.clone()))
         .kv("adapter.type", Value::String("lora".into()))
@@ -119,7 +120,7 @@ pub fn export(adapter: &Adapter, cfg: &ModelConfig, out: OutType, path: &Path) -
     for m in &adapter.modules {
         let base = gguf_projection_name(&m.name)
             .ok_or_else(|| Error::invalid("adapter", format!("module {} has no llama.cpp tensor name", m.name)))?;
-        let b = match rotary_heads(cfg, &m.name) {
+        let b = match rotary_heads(cfg, layout, &m.name) {
             Some(heads) => permute_rows(&m.b, heads, true, &m.name)?,
             None => m.b.clone(),
         };
@@ -155,8 +156,9 @@ pub fn import(path: &Path, cfg: &ModelConfig) -> Result<Adapter> {
         return Err(Error::format(&what, "not a LoRA adapter (general.type must be \"adapter\", adapter.type \"lora\")"));
     }
     let arch = field("general.architecture")?;
-    if arch != gguf_arch(cfg)? {
-        return Err(Error::invalid(&what, format!("general.architecture is {arch}, the model is {}", gguf_arch(cfg)?)));
+    let layout = layout(cfg)?;
+    if arch != layout.arch {
+        return Err(Error::invalid(&what, format!("general.architecture is {arch}, the model is {}", layout.arch)));
     }
     let mut modules = Vec::new();
     for t in g.tensor_infos() {
@@ -175,7 +177,7 @@ pub fn import(path: &Path, cfg: &ModelConfig) -> Result<Adapter> {
         if a.shape[0] != b.shape[1] {
             return Err(Error::Shape { what: format!("{what}: rank of {base}"), expected: vec![a.shape[0]], got: vec![b.shape[1]] });
         }
-        let b = match rotary_heads(cfg, module) {
+        let b = match rotary_heads(cfg, layout, module) {
             Some(heads) => permute_rows(&b, heads, false, &t.name)?,
             None => b,
         };
@@ -239,7 +241,7 @@ impl Adapter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::config::LayerKind;
+    use crate::model::config::{Arch, LayerKind};
     use crate::ops::rope::RopeScaling;
 
     fn cfg(arch: Arch) -> ModelConfig {

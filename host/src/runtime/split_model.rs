@@ -20,7 +20,6 @@ use super::plan_cache::{plan_with_cache, projection_key, PlanCache};
 use super::planner::{cpu_only, Buckets, RouteTable};
 use super::routed::{RoutedProjection, SplitState};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::config::Arch;
 use crate::ops::cpu_projection::{CpuProjection, FrozenDtype, StoredProjection};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::source::RawTensor;
@@ -131,8 +130,9 @@ pub fn load_split(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfu
 /// embedding stays in its checkpoint blocks, as `train` holds it).
 pub fn load_split_with(ckpt: &Checkpoint, side: &DspSide, buckets: Arc<Buckets>, unfused: bool, cache: &PlanCache, cpu_side: &ProjectionFactory<'_>, tables: FrozenDtype) -> Result<SplitModel> {
     let start = Instant::now();
-    if unfused && ckpt.config.arch == Arch::Qwen35 {
-        eprintln!("note: the Qwen3.5 graph has no unfused mode; --no-fuse is ignored");
+    let arch = crate::model::arch::of(&ckpt.config);
+    if unfused && !arch.has_unfused_mode() {
+        eprintln!("note: the {} graph has no unfused mode; --no-fuse is ignored", arch.name());
     }
     let routing = Routing { cpu_side, side, buckets, state: Arc::new(SplitState::default()), table: Mutex::new(RouteTable::default()), cache };
     let factory = |info: ProjectionInfo, raw: &RawTensor<'_>| route_one(info, raw, &routing);

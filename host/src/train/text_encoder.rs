@@ -3,7 +3,6 @@
 use super::data::{Encoder, Message};
 use crate::model::chat::ChatTemplate;
 use crate::model::checkpoint::Checkpoint;
-use crate::model::config::Arch;
 use crate::model::tokenizer::Tokenizer;
 use crate::Result;
 use std::path::Path;
@@ -20,8 +19,8 @@ pub struct ModelText {
 /// Gemma's for a Gemma 3 file); a template we do not implement is an
 /// error at first use, never silently replaced by ChatML, since training
 /// on the wrong template teaches the model the wrong turn markers.
-fn chat_from(jinja: Option<&str>, arch: Arch) -> std::result::Result<ChatTemplate, String> {
-    ChatTemplate::for_checkpoint(jinja, arch).map_err(|e| e.to_string())
+fn chat_from(jinja: Option<&str>, default: ChatTemplate) -> std::result::Result<ChatTemplate, String> {
+    ChatTemplate::for_checkpoint(jinja, default).map_err(|e| e.to_string())
 }
 
 impl ModelText {
@@ -33,7 +32,7 @@ impl ModelText {
 
     /// The tokenizer and chat template `ckpt` carries.
     pub fn of(ckpt: &Checkpoint) -> Result<Self> {
-        Ok(ModelText { tokenizer: ckpt.tokenizer()?, chat: chat_from(ckpt.chat_template.as_deref(), ckpt.config.arch) })
+        Ok(ModelText { tokenizer: ckpt.tokenizer()?, chat: chat_from(ckpt.chat_template.as_deref(), crate::model::arch::of(&ckpt.config).default_chat()) })
     }
 }
 
@@ -58,15 +57,19 @@ impl Encoder for ModelText {
 
 #[cfg(test)]
 mod tests {
-    use super::{chat_from, Arch, ChatTemplate};
+    use super::{chat_from, ChatTemplate};
+    use crate::model::arch::Architecture;
+    use crate::model::{gemma3::Gemma3, llama::Llama, qwen35::Qwen35};
 
     #[test]
     fn missing_template_is_chatml_or_gemmas_and_foreign_template_is_refused() {
-        assert_eq!(chat_from(None, Arch::Llama), Ok(ChatTemplate::chatml()));
-        assert_eq!(chat_from(None, Arch::Gemma3), Ok(ChatTemplate::Gemma));
+        for arch in [&Llama as &dyn Architecture, &Qwen35] {
+            assert_eq!(chat_from(None, arch.default_chat()), Ok(ChatTemplate::chatml()), "{}", arch.name());
+        }
+        assert_eq!(chat_from(None, Gemma3.default_chat()), Ok(ChatTemplate::Gemma));
         let llama3 = "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>{% endfor %}";
-        let why = chat_from(Some(llama3), Arch::Llama).unwrap_err();
+        let why = chat_from(Some(llama3), Llama.default_chat()).unwrap_err();
         assert!(why.contains("neither ChatML nor Gemma"), "{why}");
-        assert!(chat_from(Some("{{ '<|im_start|>' + m + '<|im_end|>' }}"), Arch::Llama).is_ok());
+        assert!(chat_from(Some("{{ '<|im_start|>' + m + '<|im_end|>' }}"), Llama.default_chat()).is_ok());
     }
 }

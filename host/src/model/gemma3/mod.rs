@@ -13,7 +13,10 @@ pub mod gguf;
 use super::arch::{Architecture, Recipe};
 use super::blocks::GateAct;
 use crate::ops::rmsnorm::NormWeight;
+use super::chat::ChatTemplate;
 use super::checkpoint::Checkpoint;
+use super::config::ModelConfig;
+use super::gguf_adapter::AdapterLayout;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use super::llama::DecoderGraph;
@@ -44,5 +47,16 @@ impl Architecture for Gemma3 {
         let mut model = DecoderGraph::load_with(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
         model.set_unfused_lora(unfused);
         Ok(Box::new(model))
+    }
+
+    /// Llama's GGUF tensor names; q/k rows not permuted (llama.cpp rotates
+    /// Gemma 3 NeoX-style, in Hugging Face's row order).
+    fn gguf_adapter(&self, _cfg: &ModelConfig) -> Result<AdapterLayout> {
+        Ok(AdapterLayout { arch: "gemma3", permuted_qk: false })
+    }
+
+    /// Gemma's turn markers when a file carries no template.
+    fn default_chat(&self) -> ChatTemplate {
+        ChatTemplate::Gemma
     }
 }

@@ -10,6 +10,8 @@ use super::arch::{Architecture, Recipe};
 use super::blocks::GateAct;
 use crate::ops::rmsnorm::NormWeight;
 use super::checkpoint::Checkpoint;
+use super::config::{Arch, ModelConfig};
+use super::gguf_adapter::AdapterLayout;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use crate::autograd::graph::TrainableModel;
@@ -40,5 +42,14 @@ impl Architecture for Llama {
         let mut model = DecoderGraph::load_with(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
         model.set_unfused_lora(unfused);
         Ok(Box::new(model))
+    }
+
+    /// llama.cpp stores Llama's q/k rows in its rotary permutation, not
+    /// Qwen3's (NeoX-style rotation in Hugging Face's row order).
+    fn gguf_adapter(&self, cfg: &ModelConfig) -> Result<AdapterLayout> {
+        Ok(match cfg.arch {
+            Arch::Qwen3 => AdapterLayout { arch: "qwen3", permuted_qk: false },
+            _ => AdapterLayout { arch: "llama", permuted_qk: true },
+        })
     }
 }

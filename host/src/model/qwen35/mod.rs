@@ -14,10 +14,12 @@ use super::arch::{Architecture, Recipe};
 use super::blocks::GateAct;
 use crate::ops::rmsnorm::NormWeight;
 use super::checkpoint::Checkpoint;
+use super::config::ModelConfig;
+use super::gguf_adapter::AdapterLayout;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use crate::autograd::graph::TrainableModel;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Qwen3.5's attention layers (its GDN layers are [`gdn`]'s): `(1 + w)`
 /// norms, q/k norms, a gated q_proj, SwiGLU.
@@ -42,5 +44,13 @@ impl Architecture for Qwen35 {
     /// unfused mode.
     fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, _tables: FrozenDtype, _unfused: bool) -> Result<Box<dyn TrainableModel>> {
         Ok(Box::new(Qwen35Graph::load_with(ckpt.tensors(), ckpt.config.clone(), make)?))
+    }
+
+    fn gguf_adapter(&self, _cfg: &ModelConfig) -> Result<AdapterLayout> {
+        Err(Error::Unsupported("GGUF LoRA adapters for Qwen3.5 (its GGUF rewrites value heads and norms; only Llama, Qwen3 and Gemma 3 are exported)".into()))
+    }
+
+    fn has_unfused_mode(&self) -> bool {
+        false
     }
 }
