@@ -22,12 +22,14 @@ pub struct Args {
 
 /// Runs `hexlora hyper-average`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Read and checked first: a refused set leaves no --out behind.
+    let averaged = average_checkpoints(&args.checkpoints)?;
     // The files, not the directories: `--out` one of the checkpoints would
     // replace its files, which a directory input does not catch.
     let files: Vec<PathBuf> = args.checkpoints.iter().flat_map(|d| [d.join(CONFIG_FILE), d.join(WEIGHTS_FILE)]).collect();
     let inputs: Vec<(&str, &std::path::Path)> = files.iter().map(|f| ("checkpoint", f.as_path())).collect();
     claim_out_dir(&args.out, &[CONFIG_FILE, WEIGHTS_FILE, SOURCES_FILE], &inputs, args.force)?;
-    average_checkpoints(&args.checkpoints, &args.out)?;
+    averaged.write(&args.out)?;
     eprintln!("wrote the mean of {} checkpoints to {}", args.checkpoints.len(), args.out.display());
     Ok(())
 }

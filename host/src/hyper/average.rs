@@ -5,6 +5,7 @@
 //! nearby weights is the usual remedy for such a swing (stochastic weight
 //! averaging). Works on the files alone: no model is loaded, and the
 //! checkpoints must share their configuration and every tensor's shape.
+use super::checkpoints::{BEST_RECORD, CHECKPOINT_RECORD};
 use super::hypernet::{read_config, write_config, CONFIG_FILE, WEIGHTS_FILE};
 use super::HyperConfig;
 use crate::base::atomic_write::write_atomic;
@@ -63,32 +64,48 @@ fn mean(tensors: &[&Tensor]) -> Tensor {
     Tensor { shape: tensors[0].shape.clone(), data }
 }
 
-/// Writes into `out` the hypernetwork whose every weight is the mean of
-/// that weight in `dirs` (at least two checkpoints of one run), its
-/// configuration, and `average.json` naming the sources and their
-/// `checkpoint.json` (step, held-out loss) where they have one.
-pub fn average_checkpoints(dirs: &[PathBuf], out: &Path) -> Result<()> {
+/// An averaged hypernetwork, in memory until [`Averaged::write`].
+pub struct Averaged {
+    config: HyperConfig,
+    weights: TensorFile,
+    /// Each source's directory and kept-network record.
+    sources: Vec<serde_json::Value>,
+}
+
+/// The hypernetwork whose every weight is the mean of that weight in
+/// `dirs` (at least two checkpoints of one run). Everything is read and
+/// checked before anything is written, so a refusal leaves no output.
+pub fn average_checkpoints(dirs: &[PathBuf]) -> Result<Averaged> {
     if dirs.len() < 2 {
         return Err(Error::invalid("checkpoints", format!("{} given, averaging needs at least 2", dirs.len())));
     }
     let sources = dirs.iter().map(|d| read_source(d)).collect::<Result<Vec<_>>>()?;
     check_alike(&sources)?;
-    let mut averaged = TensorFile::default();
+    let mut weights = TensorFile::default();
     for name in sources[0].weights.tensors.keys() {
         let all: Vec<&Tensor> = sources.iter().map(|s| &s.weights.tensors[name]).collect();
-        averaged.tensors.insert(name.clone(), mean(&all));
+        weights.tensors.insert(name.clone(), mean(&all));
     }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    averaged.write_atomic(&out.join(WEIGHTS_FILE))?;
-    write_config(out, &sources[0].config)?;
-    let listed: Vec<serde_json::Value> = sources.iter().map(|s| serde_json::json!({"dir": s.dir.display().to_string(), "checkpoint": checkpoint_record(&s.dir)})).collect();
-    let json = serde_json::to_vec_pretty(&serde_json::json!({ "mean_of": listed })).expect("json serialises");
-    write_atomic(&out.join(SOURCES_FILE), &json)
+    let listed = sources.iter().map(|s| serde_json::json!({"dir": s.dir.display().to_string(), "checkpoint": checkpoint_record(&s.dir)})).collect();
+    Ok(Averaged { config: sources[0].config.clone(), weights, sources: listed })
 }
 
-/// `checkpoint.json` (or `best.json`) of a kept network, if it has one.
+impl Averaged {
+    /// Writes the network into `out` (weights, configuration) and
+    /// `average.json` naming the sources and their step and held-out loss
+    /// where they have a record.
+    pub fn write(&self, out: &Path) -> Result<()> {
+        std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+        self.weights.write_atomic(&out.join(WEIGHTS_FILE))?;
+        write_config(out, &self.config)?;
+        let json = serde_json::to_vec_pretty(&serde_json::json!({ "mean_of": self.sources })).expect("json serialises");
+        write_atomic(&out.join(SOURCES_FILE), &json)
+    }
+}
+
+/// The record of a kept network (`checkpoint.json`, or `best.json`), if it has one.
 fn checkpoint_record(dir: &Path) -> serde_json::Value {
-    ["checkpoint.json", "best.json"]
+    [CHECKPOINT_RECORD, BEST_RECORD]
         .iter()
         .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
         .and_then(|t| serde_json::from_str(&t).ok())
@@ -121,8 +138,8 @@ mod tests {
         write_net(&a, &cfg, &[("heads/w", vec![2, 2], vec![1.0, -2.0, 0.1, 3.0]), ("embedder/x", vec![1], vec![0.5])]);
         write_net(&b, &cfg, &[("heads/w", vec![2, 2], vec![2.0, -4.0, 0.2, 3.0]), ("embedder/x", vec![1], vec![0.5])]);
         write_net(&c, &cfg, &[("heads/w", vec![2, 2], vec![4.0, 0.0, 0.3, 3.0]), ("embedder/x", vec![1], vec![0.5])]);
-        std::fs::write(b.join("checkpoint.json"), r#"{"step":150,"heldout_loss":0.73}"#).unwrap();
-        average_checkpoints(&[a.clone(), b.clone(), c.clone()], &out).unwrap();
+        std::fs::write(b.join(CHECKPOINT_RECORD), r#"{"step":150,"heldout_loss":0.73}"#).unwrap();
+        average_checkpoints(&[a.clone(), b.clone(), c.clone()]).unwrap().write(&out).unwrap();
         let got = TensorFile::read(&out.join(WEIGHTS_FILE)).unwrap();
         let want = [7.0f64 / 3.0, -2.0, (0.1f32 as f64 + 0.2f32 as f64 + 0.3f32 as f64) / 3.0, 3.0];
         for (g, w) in got.tensors["heads/w"].data.iter().zip(want) {
@@ -139,22 +156,21 @@ mod tests {
     #[test]
     fn checkpoints_of_different_runs_or_shapes_are_refused_by_name() {
         let tmp = tempfile::tempdir().unwrap();
-        let (a, b, out) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("avg"));
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
         let cfg = config();
         write_net(&a, &cfg, &[("heads/w", vec![2], vec![1.0, 2.0])]);
         write_net(&b, &cfg, &[("heads/w", vec![1, 2], vec![1.0, 2.0])]);
-        let e = average_checkpoints(&[a.clone(), b.clone()], &out).unwrap_err().to_string();
+        let e = average_checkpoints(&[a.clone(), b.clone()]).err().unwrap().to_string();
         assert!(e.contains("heads/w") && e.contains("b/hypernet.safetensors"), "{e}");
         let mut other = cfg.clone();
         other.out_rank += 1;
         write_net(&b, &other, &[("heads/w", vec![2], vec![1.0, 2.0])]);
-        let e = average_checkpoints(&[a.clone(), b.clone()], &out).unwrap_err().to_string();
+        let e = average_checkpoints(&[a.clone(), b.clone()]).err().unwrap().to_string();
         assert!(e.contains("configuration") && e.contains("b/hypernet.json"), "{e}");
         write_net(&b, &cfg, &[("heads/v", vec![2], vec![1.0, 2.0])]);
-        let e = average_checkpoints(&[a.clone(), b], &out).unwrap_err().to_string();
+        let e = average_checkpoints(&[a.clone(), b]).err().unwrap().to_string();
         assert!(e.contains("tensor names"), "{e}");
-        let e = average_checkpoints(&[a], &out).unwrap_err().to_string();
+        let e = average_checkpoints(&[a]).err().unwrap().to_string();
         assert!(e.contains("at least 2"), "{e}");
-        assert!(!out.exists(), "nothing written on refusal");
     }
 }

@@ -66,12 +66,12 @@ impl<'a> DevCheckpoints<'a> {
         use std::io::Write;
         let loss = self.set.hypernet_loss(self.model, net)?;
         if self.best.is_none_or(|b| loss < b) {
-            keep_network(net, &self.best_dir, "best.json", step, loss)?;
+            keep_network(net, &self.best_dir, BEST_RECORD, step, loss)?;
             self.best = Some(loss);
         }
         if self.keep.every_check {
             let dir = self.best_dir.with_file_name(format!("hypernet-step{step}"));
-            keep_network(net, &dir, "checkpoint.json", step, loss)?;
+            keep_network(net, &dir, CHECKPOINT_RECORD, step, loss)?;
         }
         let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         writeln!(f, "{}", serde_json::json!({"step": step, "hypernet": loss})).map_err(|e| Error::io(&self.path, e))?;
@@ -88,6 +88,11 @@ impl StepHooks<HyperState> for DevCheckpoints<'_> {
         Ok(())
     }
 }
+
+/// The record (step, held-out loss) beside the dev-chosen network.
+pub const BEST_RECORD: &str = "best.json";
+/// The record beside each checked network (`hypernet-step<N>/`).
+pub const CHECKPOINT_RECORD: &str = "checkpoint.json";
 
 /// Where the dev-chosen network is kept, beside `hypernet/` (the last step's).
 pub const BEST_DIR: &str = "hypernet-best";
@@ -113,10 +118,10 @@ fn keep_network(net: &HyperNet, dir: &Path, info: &str, step: u64, loss: f64) ->
 /// the two steps of [`keep_network`] leaves it complete in the sibling).
 fn best_so_far(best_dir: &Path) -> Result<Option<f64>> {
     let tmp = best_dir.with_extension("tmp");
-    if !best_dir.exists() && tmp.join("best.json").exists() {
+    if !best_dir.exists() && tmp.join(BEST_RECORD).exists() {
         std::fs::rename(&tmp, best_dir).map_err(|e| Error::io(best_dir, e))?;
     }
-    let path = best_dir.join("best.json");
+    let path = best_dir.join(BEST_RECORD);
     let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::invalid(path.display().to_string(), e.to_string()))?;
     Ok(v["heldout_loss"].as_f64())

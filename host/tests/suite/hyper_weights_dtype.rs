@@ -74,7 +74,8 @@ fn f16_storage_halves_the_file_and_keeps_synthesis_within_the_bound() {
 
 /// `hexlora hyper-average` of two networks of one configuration: every
 /// weight of the result, loaded as a network, is the f64 mean of the two;
-/// `--out` naming one of the checkpoints is refused and leaves it intact.
+/// `--out` naming one of the checkpoints is refused and leaves it intact;
+/// an unreadable checkpoint is named and leaves no `--out`.
 #[test]
 fn hyper_average_writes_the_weight_wise_mean_as_a_loadable_network() {
     let model = EvalModel::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hyper/eval-model")).unwrap();
@@ -103,4 +104,10 @@ fn hyper_average_writes_the_weight_wise_mean_as_a_loadable_network() {
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success() && err.contains("--out") && err.contains("checkpoint"), "{err}");
     assert_eq!(std::fs::read(db.join("hypernet.safetensors")).unwrap(), before);
+    // A checkpoint that cannot be read is named, and no --out is left behind.
+    let (missing, refused) = (dir.path().join("step999"), dir.path().join("refused"));
+    let run = crate::support::hexlora().arg("hyper-average").arg(&da).arg(&missing).arg("--out").arg(&refused).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("step999"), "{err}");
+    assert!(!refused.exists(), "a refused average left {}", refused.display());
 }
