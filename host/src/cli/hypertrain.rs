@@ -1,7 +1,8 @@
 //! `hexlora hypertrain`: trains the LoRA-synthesizing hypernetwork for a
 //! population (stage 1a SimCSE, stage 1b end to end with distillation), with
 //! commits after every step and `--resume`.
-use hexlora::hyper::trainer::{hypertrain, hypertrain_from, HyperRun, HyperTrainConfig, StartFrom};
+use hexlora::hyper::targets::load_targets;
+use hexlora::hyper::trainer::{hypertrain, hypertrain_from, Guides, HyperRun, HyperTrainConfig, StartFrom};
 use hexlora::train::learner::{claim_out_dir, StepHooks};
 use hexlora::hyper::checkpoints::{DevCheckpoints, Keep, BEST_DIR};
 use super::args::{choices, module_names, non_negative, positive, u64_in, usize_in, HEAD_VARIANTS, MAX_TOKENS, POOLS, WEIGHTS_DTYPES};
@@ -105,6 +106,20 @@ pub struct Args {
     /// Weight of the KL to the ICL teacher (0 = off), finite and >= 0.
     #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     kl_weight: f32,
+    /// Each training user's own LoRA, `DIR/<user>/adapter` (what `hexlora
+    /// eval --method user-lora-f32 --work-dir W` keeps in `W/user-lora-f32`,
+    /// trained from --common-lora): stage 1b also pulls the generated LoRA
+    /// toward it (squared distance over the population's mean distance from
+    /// the common LoRA). Every training user needs one.
+    #[arg(long, requires = "common_lora")]
+    lora_targets: Option<PathBuf>,
+    /// Weight of that distance in the loss, finite and >= 0.
+    #[arg(long, default_value_t = 1.0, requires = "lora_targets", value_parser = non_negative)]
+    recon_weight: f32,
+    /// Stage 1b learns from the targets alone: no pass through the LLM
+    /// beyond the embedding (a step costs the users' embeddings only).
+    #[arg(long, requires = "lora_targets")]
+    recon_only: bool,
     /// Keep the heads' output biases (the common LoRA the network starts
     /// from) fixed in stage 1b: only what depends on the user trains.
     #[arg(long)]
@@ -279,6 +294,8 @@ fn train_config(args: &Args) -> HyperTrainConfig {
         recompute: args.recompute,
         freeze_common: args.freeze_common,
         freeze_embedder: args.freeze_embedder,
+        recon_weight: args.recon_weight,
+        end_to_end: !args.recon_only,
     }
 }
 
@@ -290,7 +307,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (users, dev) = users_of(&args)?;
     let outputs = ["hypernet", BEST_DIR, "metrics.jsonl", "loss.svg", "heldout.jsonl", "worker.json"];
     let mut inputs = vec![("--model", args.model.as_path())];
-    for (flag, p) in [("--bench", &args.bench), ("--data", &args.data), ("--dev-data", &args.dev_data), ("--init-hypernet", &args.init_hypernet), ("--common-lora", &args.common_lora)] {
+    for (flag, p) in [("--bench", &args.bench), ("--data", &args.data), ("--dev-data", &args.dev_data), ("--init-hypernet", &args.init_hypernet), ("--common-lora", &args.common_lora), ("--lora-targets", &args.lora_targets)] {
         inputs.extend(p.as_deref().map(|p| (flag, p)));
     }
     claim_out_dir(&args.out, &outputs, &inputs, args.force)?;
@@ -308,6 +325,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(dir) => HyperNet::load(dir, &*model)?,
         None => HyperNet::init(hyper_config(&args, common.as_ref()), &*model, common.as_ref(), args.seed)?,
     };
+    let targets = match (&args.lora_targets, &common) {
+        (Some(dir), Some(c)) => Some(load_targets(dir, &users, &fresh.heads, &fresh.config.out_lora(), c)?),
+        _ => None,
+    };
+    let guides = Guides { teacher: common.as_ref(), targets: targets.as_ref() };
     let train = train_config(&args);
     let total = train.simcse_steps + train.e2e_steps;
     if args.start_step > total {
@@ -324,8 +346,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let run = HyperRun { resume: args.resume, progress: !args.quiet, stop_after: args.local_steps, commit_every: args.commit_every, hooks };
     let stop = hexlora::signals::StopRequest::install()?;
     let state = match args.init_hypernet {
-        Some(_) => hypertrain_from(&*model, &text, &users, StartFrom { net: fresh, step: args.start_step }, common.as_ref(), &train, &args.out, run)?,
-        None => hypertrain(&*model, &text, &users, fresh, common.as_ref(), &train, &args.out, run)?,
+        Some(_) => hypertrain_from(&*model, &text, &users, StartFrom { net: fresh, step: args.start_step }, guides, &train, &args.out, run)?,
+        None => hypertrain(&*model, &text, &users, fresh, guides, &train, &args.out, run)?,
     };
     if let Some(signal) = stop.requested() {
         println!("{signal}: stopped after step {} (committed); rerun the same command with --resume to continue", state.step);

@@ -47,6 +47,13 @@ pub struct User {
     pub queries: Vec<Query>,
 }
 
+/// The directory name a user's work is kept in (`eval --work-dir`, and the
+/// per-user LoRAs `hypertrain --lora-targets` reads back): ASCII letters,
+/// digits, `-` and `.` kept, anything else `_`.
+pub fn user_dir_name(id: &str) -> String {
+    id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect()
+}
+
 /// One split (train, dev or test) of one task.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {

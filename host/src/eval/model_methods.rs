@@ -402,8 +402,7 @@ impl ModelMethod {
     }
 
     fn user_dir(&self, user: &User) -> PathBuf {
-        let safe: String = user.id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
-        self.cfg.work_dir.join(self.name()).join(safe)
+        self.cfg.work_dir.join(self.name()).join(super::dataset::user_dir_name(&user.id))
     }
 }
 

@@ -38,6 +38,10 @@ pub struct HyperRecord {
     pub ce: f64,
     /// KL to the teacher (1b).
     pub kl: f64,
+    /// Distance of the generated LoRA from the user's own (1b with
+    /// targets; absent in runs before it existed, read as 0).
+    #[serde(default)]
+    pub recon: f64,
     /// Learning rate used.
     pub lr: f32,
     /// Gradient norm before clipping.
@@ -117,7 +121,10 @@ impl crate::train::learner::Record for HyperRecord {
         self.loss as f32
     }
     fn progress(&self) -> String {
-        format!("{:?} loss {:.4} (ce {:.4} kl {:.4})", self.stage, self.loss, self.ce, self.kl)
+        match self.recon {
+            0.0 => format!("{:?} loss {:.4} (ce {:.4} kl {:.4})", self.stage, self.loss, self.ce, self.kl),
+            r => format!("{:?} loss {:.4} (ce {:.4} kl {:.4} rec {r:.4})", self.stage, self.loss, self.ce, self.kl),
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! Stage 1b for one user: context -> embedder -> heads -> LoRA attached to
 //! the frozen LLM -> token cross-entropy (+ distillation from an ICL
-//! teacher) on the user's other examples -> gradients into the heads and the
-//! embedder LoRA.
+//! teacher) on the user's other examples (+ the distance of the generated
+//! LoRA from the user's own, [`super::targets`]) -> gradients into the heads
+//! and the embedder LoRA.
 //!
 //! Three graphs chained by hand (vector-Jacobian products): the embedder
 //! tape ends at `H`, the heads are a forward/backward pair, the target tape
@@ -10,6 +11,7 @@
 use super::distill::head_ce_kl;
 use super::embedder::{embed_backward, embed_forward};
 use super::hypernet::HyperNet;
+use super::targets::{reconstruction, Reconstruct};
 use super::users::Context;
 use crate::autograd::Tape;
 use crate::lora::Adapter;
@@ -62,6 +64,11 @@ pub struct E2eOptions<'a> {
     /// Back-propagate into the embedder LoRA (false: its gradients stay
     /// zero and the embedding pass records nothing to go back through).
     pub train_embedder: bool,
+    /// Score the generated LoRA on the user's examples (false: no target
+    /// pass at all, the reconstruction term alone).
+    pub end_to_end: bool,
+    /// Pull the generated LoRA toward the user's own.
+    pub reconstruct: Option<Reconstruct<'a>>,
 }
 
 /// One user's loss (means over its target tokens).
@@ -71,7 +78,11 @@ pub struct UserLoss {
     pub ce: f64,
     /// KL to the teacher (0 when off).
     pub kl: f64,
-    /// `ce + kl_weight * kl`, what the gradients are of.
+    /// Squared distance of the generated LoRA from the user's own over the
+    /// population's mean distance (0 without a target).
+    pub recon: f64,
+    /// `ce + kl_weight * kl + recon_weight * recon` (without the first two
+    /// when not end to end), what the gradients are of.
     pub total: f64,
     /// Target tokens.
     pub tokens: usize,
@@ -132,7 +143,8 @@ pub fn user_loss_and_grads(model: &dyn TrainableModel, net: &HyperNet, user: &Us
     let (factors, cache) = net.heads.forward(&pass.embedding)?;
     let mut dfactors: Vec<Tensor> = factors.iter().map(|t| Tensor::zeros(&t.shape)).collect();
     let (mut ce, mut kl) = (0f64, 0f64);
-    for ex in &user.examples {
+    let scored = if opts.end_to_end { &user.examples[..] } else { &[] };
+    for ex in scored {
         let teacher = match opts.kl_weight > 0.0 {
             true => Some(teacher_hidden(model, opts.teacher_lora, &user.teacher_prefix, ex, &opts.recompute)?),
             false => None,
@@ -141,6 +153,10 @@ pub fn user_loss_and_grads(model: &dyn TrainableModel, net: &HyperNet, user: &Us
         ce += c;
         kl += k;
     }
+    let recon = match opts.reconstruct {
+        Some(r) => reconstruction(&factors, r.target, r.inv_norm, r.weight, &mut dfactors),
+        None => 0.0,
+    };
     if grad_scale != 1.0 {
         dfactors.iter_mut().for_each(|d| d.data.iter_mut().for_each(|v| *v *= grad_scale));
     }
@@ -152,5 +168,7 @@ pub fn user_loss_and_grads(model: &dyn TrainableModel, net: &HyperNet, user: &Us
         }
     }
     let n = tokens as f64;
-    Ok(UserLoss { ce: ce / n, kl: kl / n, total: (ce + opts.kl_weight as f64 * kl) / n, tokens, coefficients: cache.coefficients(), embedding: pass.embedding })
+    let weight = opts.reconstruct.map_or(0.0, |r| r.weight as f64);
+    let total = (ce + opts.kl_weight as f64 * kl) / n + weight * recon;
+    Ok(UserLoss { ce: ce / n, kl: kl / n, recon, total, tokens, coefficients: cache.coefficients(), embedding: pass.embedding })
 }

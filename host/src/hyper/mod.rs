@@ -7,6 +7,7 @@
 //! - [`simcse`]: stage 1a contrastive loss;
 //! - [`distill`]: vocabulary head + cross-entropy + KL to an ICL teacher;
 //! - [`end_to_end`]: stage 1b loss and gradients of one user;
+//! - [`targets`]: per-user LoRAs the heads can be trained toward (reconstruction);
 //! - [`users`]: benchmark splits / JSONL -> example pairs -> context and target token ids;
 //! - [`heldout`]: loss of synthesized LoRAs on held-out users;
 //! - [`commit`], [`trainer`]: `hexlora hypertrain` (commits, resume);
@@ -25,6 +26,7 @@ pub mod heads;
 pub mod heldout;
 pub mod hypernet;
 pub mod simcse;
+pub mod targets;
 pub mod trainer;
 pub mod users;
 

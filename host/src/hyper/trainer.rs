@@ -8,6 +8,7 @@ use super::commit::{HyperRecord, HyperState, Stage};
 use super::embedder::{embed_backward, embed_forward, view_seed};
 use super::end_to_end::{user_loss_and_grads, E2eOptions};
 use super::hypernet::HyperNet;
+use super::targets::{LoraTargets, Reconstruct};
 use super::simcse::{simcse_forward_backward, TEMPERATURE};
 use super::users::{permutation, render_context, sample_user, UserRecord};
 use crate::base::counter_rng;
@@ -65,6 +66,28 @@ pub struct HyperTrainConfig {
     /// from 0.89 after SimCSE to 0.98 a hundred steps later) and the heads
     /// learn one more common LoRA instead of what differs between users.
     pub freeze_embedder: bool,
+    /// Weight of the distance to the user's own LoRA in stage 1b, with
+    /// targets ([`Guides::targets`]).
+    pub recon_weight: f32,
+    /// Stage 1b scores the generated LoRA on the user's examples (false:
+    /// reconstruction alone, no pass through the LLM beyond the embedding).
+    pub end_to_end: bool,
+}
+
+/// What stage 1b learns from besides the user's examples.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Guides<'a> {
+    /// The ICL teacher's adapter (the common LoRA); `None` = the base model.
+    pub teacher: Option<&'a Adapter>,
+    /// Each user's own LoRA, aligned with the users ([`super::targets`]).
+    pub targets: Option<&'a LoraTargets>,
+}
+
+impl<'a> Guides<'a> {
+    /// Only a teacher.
+    pub fn teacher(teacher: Option<&'a Adapter>) -> Self {
+        Guides { teacher, targets: None }
+    }
 }
 
 /// The options of a hypernetwork run. Its commits hold the network and
@@ -73,11 +96,17 @@ pub struct HyperTrainConfig {
 /// sees the whole state (the held-out evaluation).
 pub type HyperRun<'a> = RunOptions<'a, HyperState>;
 
-fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord]) -> String {
+fn fingerprint(config: &HyperTrainConfig, net: &HyperNet, users: &[UserRecord], targets: Option<&LoraTargets>) -> String {
     let h = crate::train::fingerprint::hash(|eat| {
         for u in users {
             eat(u.user.as_bytes());
             u.examples.iter().for_each(|p| eat(format!("{}\u{1}{}\u{2}", p.query, p.response).as_bytes()));
+        }
+        // Each target's squared norm: a different LoRA all but surely differs
+        // in it, at a fraction of hashing every weight.
+        for f in targets.iter().flat_map(|t| &t.factors) {
+            let norm: f64 = f.iter().flat_map(|t| &t.data).map(|&v| v as f64 * v as f64).sum();
+            eat(&norm.to_le_bytes());
         }
     });
     crate::train::fingerprint::make(h, users.len(), &[config, &net.config])
@@ -92,15 +121,23 @@ pub fn hypertrain(
     enc: &dyn Encoder,
     users: &[UserRecord],
     fresh: HyperNet,
-    teacher: Option<&Adapter>,
+    guides: Guides<'_>,
     config: &HyperTrainConfig,
     out: &Path,
     run: HyperRun<'_>,
 ) -> Result<HyperState> {
-    let fp = fingerprint(config, &fresh, users);
+    check_targets(users, guides)?;
+    let fp = fingerprint(config, &fresh, users, guides.targets);
     let loaded = HyperState::load(out, model)?;
     let state = open_state(out, &fp, run.resume, loaded, || Ok(fresh_state(config, fresh, 0, &fp)))?;
-    run_steps(model, enc, users, teacher, config, out, run, state)
+    run_steps(model, enc, users, guides, config, out, run, state)
+}
+
+fn check_targets(users: &[UserRecord], guides: Guides<'_>) -> Result<()> {
+    match guides.targets {
+        Some(t) if t.factors.len() != users.len() => Err(Error::invalid("LoRA targets", format!("{} for {} users", t.factors.len(), users.len()))),
+        _ => Ok(()),
+    }
 }
 
 /// Where a worker's round starts: given parameters at a global step (the
@@ -123,12 +160,13 @@ pub fn hypertrain_from(
     enc: &dyn Encoder,
     users: &[UserRecord],
     start: StartFrom,
-    teacher: Option<&Adapter>,
+    guides: Guides<'_>,
     config: &HyperTrainConfig,
     out: &Path,
     run: HyperRun<'_>,
 ) -> Result<HyperState> {
-    let fp = fingerprint(config, &start.net, users);
+    check_targets(users, guides)?;
+    let fp = fingerprint(config, &start.net, users, guides.targets);
     let params = start.net.params();
     let loaded = HyperState::load(out, model)?;
     let step = start.step;
@@ -138,7 +176,7 @@ pub fn hypertrain_from(
         return Err(Error::invalid("--start-step", msg));
     }
     state.net.set_params(params)?;
-    run_steps(model, enc, users, teacher, config, out, run, state)
+    run_steps(model, enc, users, guides, config, out, run, state)
 }
 
 fn fresh_state(config: &HyperTrainConfig, net: HyperNet, step: u64, fp: &str) -> HyperState {
@@ -146,7 +184,7 @@ fn fresh_state(config: &HyperTrainConfig, net: HyperNet, step: u64, fp: &str) ->
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_steps(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, out: &Path, run: HyperRun<'_>, state: HyperState) -> Result<HyperState> {
+fn run_steps(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord], guides: Guides<'_>, config: &HyperTrainConfig, out: &Path, run: HyperRun<'_>, state: HyperState) -> Result<HyperState> {
     let recompute = vec![config.recompute; model.layer_count()];
     let learner = Learner { out, total: config.simcse_steps + config.e2e_steps, title: "hypernetwork training loss" };
     learner.run(state, run, |state| {
@@ -154,13 +192,13 @@ fn run_steps(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord]
             // Stage 1b starts with fresh moments: the heads had none in 1a.
             state.adamw = AdamW::new(config.adamw, &state.net.params());
         }
-        step(model, enc, users, teacher, config, &recompute, state)
+        step(model, enc, users, guides, config, &recompute, state)
     })
 }
 
-/// The users of step `step` (a fresh permutation every epoch).
-fn step_users<'a>(users: &'a [UserRecord], seed: u64, step: u64, n: usize) -> Vec<&'a UserRecord> {
-    (0..n as u64).map(|j| &users[example_index(seed, step * n as u64 + j, users.len())]).collect()
+/// The users of step `step` (a fresh permutation every epoch), by index.
+fn step_users(users: usize, seed: u64, step: u64, n: usize) -> Vec<usize> {
+    (0..n as u64).map(|j| example_index(seed, step * n as u64 + j, users)).collect()
 }
 
 /// Indices into [`HyperNet::params`] a step leaves as they are (put back
@@ -184,32 +222,35 @@ fn frozen(net: &HyperNet, simcse: bool, config: &HyperTrainConfig) -> Vec<usize>
     kept
 }
 
-fn step(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord], teacher: Option<&Adapter>, config: &HyperTrainConfig, recompute: &[bool], state: &mut HyperState) -> Result<HyperRecord> {
+fn step(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord], guides: Guides<'_>, config: &HyperTrainConfig, recompute: &[bool], state: &mut HyperState) -> Result<HyperRecord> {
     let start = Instant::now();
     let n = config.users_per_step.clamp(2, users.len());
-    let picks = step_users(users, state.seed, state.step, n);
+    let ids = step_users(users.len(), state.seed, state.step, n);
+    let picks: Vec<&UserRecord> = ids.iter().map(|&i| &users[i]).collect();
     let mut grads = state.net.zero_grads();
     let simcse = state.step < config.simcse_steps;
     let (mut coefficients, mut embeddings) = (Vec::new(), Vec::new());
-    let (loss, ce, kl) = if simcse {
-        (simcse_step(model, enc, &picks, recompute, state, &mut grads)?, 0.0, 0.0)
+    let (loss, ce, kl, recon) = if simcse {
+        (simcse_step(model, enc, &picks, recompute, state, &mut grads)?, 0.0, 0.0, 0.0)
     } else {
-        let (mut loss, mut ce, mut kl) = (0.0, 0.0, 0.0);
-        for (j, u) in picks.iter().enumerate() {
+        let (mut loss, mut ce, mut kl, mut recon) = (0.0, 0.0, 0.0, 0.0);
+        for (j, (u, &i)) in picks.iter().zip(&ids).enumerate() {
             let s = counter_rng::derive(counter_rng::derive(state.seed, state.step), j as u64);
             let cfg = &state.net.config;
             let batch = sample_user(enc, cfg, u, s, config.target_examples, config.max_len)?;
             let dropout_seed = (cfg.embed_dropout > 0.0).then(|| view_seed(state.seed, state.step, j as u64, 0));
             let train_embedder = !config.freeze_embedder;
-            let opts = E2eOptions { kl_weight: config.kl_weight, teacher_lora: teacher, dropout_seed, recompute: recompute.to_vec(), head_chunk: 64, train_embedder };
+            let reconstruct = guides.targets.map(|t| Reconstruct { target: &t.factors[i], inv_norm: t.inv_norm, weight: config.recon_weight });
+            let opts = E2eOptions { kl_weight: config.kl_weight, teacher_lora: guides.teacher, dropout_seed, recompute: recompute.to_vec(), head_chunk: 64, train_embedder, end_to_end: config.end_to_end, reconstruct };
             let l = user_loss_and_grads(model, &state.net, &batch, &opts, 1.0 / n as f32, &mut grads)?;
             loss += l.total / n as f64;
             ce += l.ce / n as f64;
             kl += l.kl / n as f64;
+            recon += l.recon / n as f64;
             coefficients.push(l.coefficients);
             embeddings.push(l.embedding);
         }
-        (loss, ce, kl)
+        (loss, ce, kl, recon)
     };
     if !loss.is_finite() || !grads.iter().all(|g| crate::tensor::all_finite(&g.data)) {
         return Err(Error::NonFinite(format!("hypernetwork loss or gradients at step {}", state.step + 1)));
@@ -233,7 +274,7 @@ fn step(model: &dyn TrainableModel, enc: &dyn Encoder, users: &[UserRecord], tea
     state.net.heads.update_embed_norm(&embeddings);
     state.step += 1;
     let stage = if simcse { Stage::Simcse } else { Stage::EndToEnd };
-    Ok(HyperRecord { step: state.step, stage, loss, ce, kl, lr, grad_norm, seconds: start.elapsed().as_secs_f64() })
+    Ok(HyperRecord { step: state.step, stage, loss, ce, kl, recon, lr, grad_norm, seconds: start.elapsed().as_secs_f64() })
 }
 
 /// Stage 1a: two dropout views of each picked user's context, InfoNCE over

@@ -12,7 +12,7 @@ use hexlora::autograd::graph::{lora_params, Batch, LoraVars, TrainableModel};
 use hexlora::autograd::Tape;
 use hexlora::base::tensor_file::TensorFile;
 use hexlora::hyper::commit::Stage;
-use hexlora::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
+use hexlora::hyper::trainer::{hypertrain, Guides, HyperRun, HyperTrainConfig};
 use hexlora::hyper::users::{Context, Pair, UserRecord};
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
 use hexlora::lora::Adapter;
@@ -129,6 +129,8 @@ fn train_config() -> HyperTrainConfig {
         recompute: false,
         freeze_common: false,
         freeze_embedder: false,
+        recon_weight: 0.0,
+        end_to_end: true,
     }
 }
 
@@ -148,7 +150,7 @@ fn the_hypernetwork_trains_and_synthesizes_on_gemma3_and_qwen35() {
 
         let out = tempfile::tempdir().unwrap();
         let run = HyperRun { resume: false, progress: false, stop_after: None, commit_every: 1, hooks: None };
-        let state = hypertrain(model, &ByteText, &users(), fresh, Some(&common), &train_config(), out.path(), run).unwrap();
+        let state = hypertrain(model, &ByteText, &users(), fresh, Guides::teacher(Some(&common)), &train_config(), out.path(), run).unwrap();
         let stages: Vec<_> = state.history.iter().map(|r| r.stage).collect();
         assert_eq!(stages, [Stage::Simcse, Stage::EndToEnd], "{arch}");
         assert!(state.history.iter().all(|r| r.loss.is_finite() && r.grad_norm > 0.0), "{arch}: {:?}", state.history);

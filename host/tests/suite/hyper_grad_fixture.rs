@@ -80,7 +80,7 @@ fn check_std(variant: HeadVariant, center: bool, standardize: bool, file: &str) 
     let params = names.iter().map(|n| expected.get(&format!("param/{n}"), file).unwrap().clone()).collect();
     net.set_params(params).unwrap();
     let common = Adapter::load(&dir().join("common")).unwrap();
-    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4, train_embedder: true };
+    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4, train_embedder: true, end_to_end: true, reconstruct: None };
     let mut grads = net.zero_grads();
     let loss = user_loss_and_grads(&model, &net, &user(), &opts, 1.0, &mut grads).unwrap();
     for (what, got) in [("loss", loss.total), ("ce", loss.ce), ("kl", loss.kl)] {
@@ -179,7 +179,7 @@ fn pipeline_gradients_match_finite_differences() {
     let mut net = HyperNet::init(config(HeadVariant::SharedTrunk, false), &model, None, 0).unwrap();
     let names = net.param_names();
     net.set_params(names.iter().map(|n| expected.get(&format!("param/{n}"), "shared").unwrap().clone()).collect()).unwrap();
-    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4, train_embedder: true };
+    let opts = E2eOptions { kl_weight: 0.5, teacher_lora: Some(&common), dropout_seed: None, recompute: vec![], head_chunk: 4, train_embedder: true, end_to_end: true, reconstruct: None };
     let mut grads = net.zero_grads();
     user_loss_and_grads(&model, &net, &user(), &opts, 1.0, &mut grads).unwrap();
     let loss_at = |params: Vec<hexlora::tensor::Tensor>| -> f64 {

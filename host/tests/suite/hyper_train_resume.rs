@@ -3,7 +3,7 @@
 //! one (every step loss and every parameter), the saved hypernetwork
 //! reloads and synthesizes the same adapter, and bad state is refused.
 use hexlora::hyper::commit::Stage;
-use hexlora::hyper::trainer::{hypertrain, HyperRun, HyperTrainConfig};
+use hexlora::hyper::trainer::{hypertrain, Guides, HyperRun, HyperTrainConfig};
 use hexlora::hyper::users::{Context, Pair, UserRecord};
 use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
 use hexlora::model::config::ModelConfig;
@@ -63,6 +63,8 @@ fn configs() -> (HyperConfig, HyperTrainConfig) {
         recompute: false,
         freeze_common: false,
         freeze_embedder: false,
+        recon_weight: 0.0,
+        end_to_end: true,
     };
     (net, train)
 }
@@ -80,7 +82,7 @@ fn run_centred(out: &Path, resume: bool, stop_after: Option<u64>, commit_every: 
     let (net, train) = configs();
     let net = HyperConfig { center, ..net };
     let fresh = HyperNet::init(net, &model, None, 1).unwrap();
-    hypertrain(&model, &ByteText, &users(), fresh, None, &train, out, HyperRun { resume, progress: false, stop_after, commit_every, hooks: None })
+    hypertrain(&model, &ByteText, &users(), fresh, Guides::default(), &train, out, HyperRun { resume, progress: false, stop_after, commit_every, hooks: None })
 }
 
 fn bits(net: &HyperNet) -> Vec<Vec<u32>> {
@@ -257,7 +259,7 @@ fn freeze_common_keeps_the_output_biases() {
         let out = tempfile::tempdir().unwrap();
         let cfg = HyperTrainConfig { freeze_common: freeze, ..train.clone() };
         let run = HyperRun { resume: false, progress: false, stop_after: None, commit_every: 1, hooks: None };
-        runs.push(hypertrain(&model, &ByteText, &users(), fresh.clone(), None, &cfg, out.path(), run).unwrap().net);
+        runs.push(hypertrain(&model, &ByteText, &users(), fresh.clone(), Guides::default(), &cfg, out.path(), run).unwrap().net);
     }
     assert!(biases(&fresh).iter().any(|b| b.iter().any(|&v| v != 0)), "the fixture's biases are PEFT's init, not all zero");
     assert_eq!(biases(&runs[0]), biases(&fresh), "frozen biases moved");
@@ -280,7 +282,7 @@ fn freeze_embedder_keeps_the_embedder_of_stage_1a() {
         let out = tempfile::tempdir().unwrap();
         let cfg = HyperTrainConfig { freeze_embedder: freeze, ..train.clone() };
         let run = HyperRun { resume: false, progress: false, stop_after, commit_every: 1, hooks: None };
-        hypertrain(&model, &ByteText, &users(), fresh.clone(), None, &cfg, out.path(), run).unwrap().net
+        hypertrain(&model, &ByteText, &users(), fresh.clone(), Guides::default(), &cfg, out.path(), run).unwrap().net
     };
     let after_1a = go(true, Some(train.simcse_steps));
     assert_ne!(bits(&after_1a, 0..e), bits(&fresh, 0..e), "SimCSE trained the embedder");

@@ -35,6 +35,7 @@ mod hyper_archs;
 mod hyper_eval_method;
 mod hyper_grad_fixture;
 mod hyper_lamp;
+mod hyper_targets;
 mod hyper_train_resume;
 mod hyper_weights_dtype;
 mod hyper_worker;
