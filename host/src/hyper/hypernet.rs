@@ -135,7 +135,7 @@ impl HyperNet {
     /// from it (a knob chosen on dev, like a learning rate).
     pub fn synthesize_with_strength(&self, model: &dyn TrainableModel, context: &Context, strength: f32) -> Result<Adapter> {
         if !(strength.is_finite() && strength >= 0.0) {
-            return Err(Error::Invalid { what: "hypernetwork strength".into(), msg: format!("{strength} (must be finite and >= 0)") });
+            return Err(Error::invalid("hypernetwork strength", format!("{strength} (must be finite and >= 0)")));
         }
         let pass = embed_forward(model, &self.embedder, context, None, false, &[])?;
         let (outs, _) = self.heads.forward_with_strength(&pass.embedding, strength)?;
