@@ -14,13 +14,13 @@ use hexlora::base::tensor_file::TensorFile;
 use hexlora::hyper::commit::Stage;
 use hexlora::hyper::trainer::{hypertrain, Guides, HyperRun, HyperTrainConfig};
 use hexlora::hyper::users::{Context, Pair, UserRecord};
-use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
+use hexlora::hyper::HyperNet;
 use hexlora::lora::Adapter;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::Decay;
 use hexlora::projection::Direction;
 
-use crate::support::{rel_err, training_fixture as fixture, ByteText};
+use crate::support::{hyper_net_config, rel_err, training_fixture as fixture, ByteText};
 
 /// The model (CPU f32, through `arch::of`) and the PEFT adapter of a fixture.
 fn load(arch: &str) -> (Box<dyn TrainableModel>, Adapter) {
@@ -92,25 +92,6 @@ fn users() -> Vec<UserRecord> {
         .collect()
 }
 
-/// The hypernetwork emits the fixture adapter's shape (rank 4, alpha 8, its
-/// targets), so that adapter can be its common LoRA.
-fn net_config(common: &Adapter) -> HyperConfig {
-    HyperConfig {
-        embed_rank: 2,
-        embed_alpha: 4.0,
-        embed_dropout: 0.0,
-        out_rank: common.config.r,
-        out_alpha: common.config.alpha,
-        out_targets: common.config.target_modules.clone(),
-        bottleneck: 3,
-        variant: HeadVariant::Parallel,
-        center: true,
-        standardize: true,
-        context_tokens: 48,
-        ..HyperConfig::default()
-    }
-}
-
 fn train_config() -> HyperTrainConfig {
     HyperTrainConfig {
         simcse_steps: 1,
@@ -139,7 +120,7 @@ fn the_hypernetwork_trains_and_synthesizes_on_gemma3_and_qwen35() {
     for arch in ["gemma3", "qwen35"] {
         let (model, common) = load(arch);
         let model = model.as_ref();
-        let fresh = HyperNet::init(net_config(&common), model, Some(&common), 1).unwrap();
+        let fresh = HyperNet::init(hyper_net_config(&common), model, Some(&common), 1).unwrap();
         let ctx = Context::all((0..30u32).map(|i| (i * 5) % 100 + 4).collect());
         // W2 = 0 at init: every user gets the common LoRA, bit for bit.
         let untrained = fresh.synthesize(model, &ctx).unwrap();

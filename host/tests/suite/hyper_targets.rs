@@ -13,13 +13,13 @@ use hexlora::eval::dataset::user_dir_name;
 use hexlora::hyper::targets::load_targets;
 use hexlora::hyper::trainer::{hypertrain, Guides, HyperRun, HyperTrainConfig};
 use hexlora::hyper::users::{render_context, Pair, UserRecord};
-use hexlora::hyper::{HeadVariant, HyperConfig, HyperNet};
+use hexlora::hyper::HyperNet;
 use hexlora::lora::Adapter;
 use hexlora::optim::adamw::AdamWConfig;
 use hexlora::optim::schedule::Decay;
 use std::path::Path;
 
-use crate::support::{self, training_fixture, ByteText};
+use crate::support::{self, hyper_net_config, training_fixture, ByteText};
 
 const LENGTH: f64 = 0.5;
 
@@ -75,21 +75,7 @@ fn write_targets(dir: &Path, common: &Adapter, users: &[UserRecord]) -> Vec<Adap
 }
 
 fn net(model: &dyn TrainableModel, common: &Adapter) -> HyperNet {
-    let config = HyperConfig {
-        embed_rank: 2,
-        embed_alpha: 4.0,
-        embed_dropout: 0.0,
-        out_rank: common.config.r,
-        out_alpha: common.config.alpha,
-        out_targets: common.config.target_modules.clone(),
-        bottleneck: 3,
-        variant: HeadVariant::Parallel,
-        center: true,
-        standardize: true,
-        context_tokens: 48,
-        ..HyperConfig::default()
-    };
-    HyperNet::init(config, model, Some(common), 1).unwrap()
+    HyperNet::init(hyper_net_config(common), model, Some(common), 1).unwrap()
 }
 
 fn recon_only(steps: u64) -> HyperTrainConfig {

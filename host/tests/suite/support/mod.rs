@@ -56,6 +56,26 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     got.iter().zip(want).fold(0f64, |m, (g, w)| m.max((*g as f64 - *w as f64).abs())) / scale
 }
 
+/// A small hypernetwork configuration that emits `common`'s shape (rank,
+/// alpha, targets), so that adapter can be its common LoRA: centred heads on
+/// a standardized embedding, as the bundled benchmarks train it.
+pub fn hyper_net_config(common: &hexlora::lora::Adapter) -> hexlora::hyper::HyperConfig {
+    hexlora::hyper::HyperConfig {
+        embed_rank: 2,
+        embed_alpha: 4.0,
+        embed_dropout: 0.0,
+        out_rank: common.config.r,
+        out_alpha: common.config.alpha,
+        out_targets: common.config.target_modules.clone(),
+        bottleneck: 3,
+        variant: hexlora::hyper::HeadVariant::Parallel,
+        center: true,
+        standardize: true,
+        context_tokens: 48,
+        ..Default::default()
+    }
+}
+
 /// A real (if crude) byte tokenizer for the tiny fixtures' vocabularies
 /// (64 tokens and more): each byte modulo 64.
 pub struct ByteText;
