@@ -1,11 +1,13 @@
 //! The one place that picks an architecture's code for a checkpoint. An
 //! architecture is a folder of [`crate::model`] (`llama/`, `qwen35/`,
-//! `gemma3/`) holding its training graph and anything only it needs
-//! (Qwen3.5's GDN block, Qwen3.5's and Gemma 3's GGUF conventions), over the shared blocks
+//! `gemma3/`) holding its training graph, the configuration fields only it
+//! has and anything else only it needs (Qwen3.5's GDN block, Qwen3.5's and
+//! Gemma 3's GGUF conventions), over the shared blocks
 //! ([`crate::model::blocks`]) and the shared inference decoder
 //! ([`crate::model::decoder`]). Adding one means adding a folder, an
-//! [`Architecture`] implementation, a [`Recipe`] and an arm in [`of`] and
-//! [`recipe`] (and, for its GGUF files, in [`gguf_conventions`]).
+//! [`Architecture`] implementation, a [`Recipe`], an arm in [`by_arch`] and
+//! [`recipe`], its names in [`crate::model::config`]'s `model_type` and GGUF
+//! tables (and, for its GGUF files, an arm in [`gguf_conventions`]).
 use super::blocks::GateAct;
 use super::chat::ChatTemplate;
 use super::checkpoint::Checkpoint;
@@ -13,11 +15,12 @@ use super::gguf_adapter::AdapterLayout;
 use super::config::{Arch, ModelConfig};
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
-use super::gguf::{Conventions, Plain, RefusedTensors};
+use super::gguf::{Conventions, Gguf, Plain, RefusedTensors};
 use super::{gemma3, llama, qwen35};
 use crate::autograd::graph::TrainableModel;
 use crate::ops::rmsnorm::NormWeight;
 use crate::Result;
+use serde_json::Value;
 
 /// What each architecture supplies.
 pub trait Architecture: Sync {
@@ -38,6 +41,20 @@ pub trait Architecture: Sync {
     fn default_chat(&self) -> ChatTemplate {
         ChatTemplate::chatml()
     }
+
+    /// The text model's part of a `config.json` and the checkpoint prefix
+    /// of its decoder (a multimodal wrapper nests them).
+    fn hf_text<'a>(&self, json: &'a Value) -> Result<(&'a Value, &'static str)> {
+        Ok((json, "model."))
+    }
+
+    /// Reads its own fields of a `config.json`'s text part into `cfg`, whose
+    /// shared fields are read; refuses what it does not implement, naming
+    /// the field.
+    fn read_hf_config(&self, json: &Value, cfg: &mut ModelConfig) -> Result<()>;
+
+    /// The same from GGUF metadata.
+    fn read_gguf_config(&self, g: &Gguf, cfg: &mut ModelConfig) -> Result<()>;
 
     /// Whether its training graph can record each adapted projection and
     /// its LoRA branch as two nodes (`--no-fuse`).
@@ -111,7 +128,12 @@ pub fn gguf_conventions(name: &str) -> &'static dyn Conventions {
 
 /// The architecture of a checkpoint with configuration `cfg`.
 pub fn of(cfg: &ModelConfig) -> &'static dyn Architecture {
-    match cfg.arch {
+    by_arch(cfg.arch)
+}
+
+/// The code of `arch`.
+pub fn by_arch(arch: Arch) -> &'static dyn Architecture {
+    match arch {
         Arch::Qwen35 => &qwen35::Qwen35,
         Arch::Llama | Arch::Qwen3 => &llama::Llama,
         Arch::Gemma3 => &gemma3::Gemma3,

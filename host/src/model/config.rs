@@ -3,9 +3,8 @@
 //! inconsistent field is an error naming it; values we do not implement
 //! (biases, other rope types, other activations) are `Unsupported`, never
 //! silently ignored.
-use crate::model::gemma3::config::Gemma3Shape;
+use crate::model::arch::by_arch;
 use crate::model::gguf::Gguf;
-use crate::model::qwen35::gguf::TextShape;
 use crate::model::source::TensorSource;
 use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::{Error, Result};
@@ -203,73 +202,65 @@ impl Fields<'_> {
     }
 }
 
+/// Refuses a `config.json` whose `hidden_act` is not `silu` (SwiGLU's
+/// activation; the Llama family's and Qwen3.5's only one here).
+pub(crate) fn silu_only(json: &Value) -> Result<()> {
+    let f = Fields { json, what: "config.json" };
+    let act = f.str_or("hidden_act", "silu")?;
+    if act != "silu" {
+        return Err(Error::Unsupported(format!("config.json: hidden_act {act:?} (only silu)")));
+    }
+    Ok(())
+}
+
 impl ModelConfig {
-    /// From a parsed Hugging Face `config.json`.
+    /// From a parsed Hugging Face `config.json`: the fields every
+    /// architecture shares here, the rest by its folder
+    /// ([`crate::model::arch::Architecture::read_hf_config`]).
     pub fn from_hf_json(json: &Value) -> Result<Self> {
         let model_type = json.get("model_type").and_then(Value::as_str).ok_or_else(|| {
             Error::invalid("config.json", "missing model_type (expected llama, qwen3, qwen3_5, qwen3_5_text or gemma3_text)")
         })?;
-        match model_type {
-            "llama" => Self::from_text_json(json, Arch::Llama, "model."),
-            "gemma3_text" => Self::from_text_json(json, Arch::Gemma3, "model."),
-            "qwen3" => Self::from_text_json(json, Arch::Qwen3, "model."),
-            "qwen3_5_text" => Self::from_text_json(json, Arch::Qwen35, "model."),
-            "qwen3_5" => {
-                let text = json
-                    .get("text_config")
-                    .ok_or_else(|| Error::invalid("config.json", "qwen3_5 config without text_config"))?;
-                let mut cfg = Self::from_text_json(text, Arch::Qwen35, "model.language_model.")?;
-                // The multimodal wrapper carries the tying flag at the top.
-                if let Some(t) = json.get("tie_word_embeddings").and_then(Value::as_bool) {
-                    cfg.tie_word_embeddings = t;
-                }
-                Ok(cfg)
+        let arch = match model_type {
+            "llama" => Arch::Llama,
+            "gemma3_text" => Arch::Gemma3,
+            "qwen3" => Arch::Qwen3,
+            "qwen3_5" | "qwen3_5_text" => Arch::Qwen35,
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "model_type {other:?} (hexlora runs llama, qwen3, qwen3_5, qwen3_5_text and gemma3_text)"
+                )))
             }
-            other => Err(Error::Unsupported(format!(
-                "model_type {other:?} (hexlora runs llama, qwen3, qwen3_5, qwen3_5_text and gemma3_text)"
-            ))),
+        };
+        let reader = by_arch(arch);
+        let (text, prefix) = reader.hf_text(json)?;
+        let mut cfg = Self::common_from_json(text, arch, prefix)?;
+        reader.read_hf_config(text, &mut cfg)?;
+        if !std::ptr::eq(text, json) {
+            // A multimodal wrapper carries the tying flag at the top.
+            if let Some(t) = json.get("tie_word_embeddings").and_then(Value::as_bool) {
+                cfg.tie_word_embeddings = t;
+            }
         }
+        cfg.validate()?;
+        Ok(cfg)
     }
 
-    fn from_text_json(json: &Value, arch: Arch, prefix: &str) -> Result<Self> {
+    /// The shared fields of a text model's `config.json`; every layer full
+    /// attention until the architecture says otherwise.
+    fn common_from_json(json: &Value, arch: Arch, prefix: &str) -> Result<Self> {
         let f = Fields { json, what: "config.json" };
         for flag in ["attention_bias", "mlp_bias"] {
             if f.bool_or(flag, false)? {
                 return Err(Error::Unsupported(format!("config.json: {flag} = true")));
             }
         }
-        // Gemma's activation is `hidden_activation`, checked with its shape.
-        let act = f.str_or("hidden_act", "silu")?;
-        if act != "silu" && arch != Arch::Gemma3 {
-            return Err(Error::Unsupported(format!("config.json: hidden_act {act:?} (only silu)")));
-        }
         let hidden_size = f.usize("hidden_size")?;
         let n_head = f.usize("num_attention_heads")?;
         let head_dim = f.usize_or("head_dim", hidden_size / n_head)?;
         let num_layers = check_layers(f.usize("num_hidden_layers")?, "num_hidden_layers")?;
-        let gemma3 = if arch == Arch::Gemma3 { Some(Gemma3Shape::from_hf_json(json, num_layers)?) } else { None };
-        let (rope_theta, rope_scaling, partial) = match &gemma3 {
-            Some((_, global_theta)) => (*global_theta, RopeScaling::Default, 1.0),
-            None => rope_from_json(json)?,
-        };
-        let rotary_dim = (head_dim as f64 * partial) as usize;
-        let layer_types = match (arch, &gemma3) {
-            (Arch::Qwen35, _) => layer_types_from_json(json, num_layers)?,
-            (_, Some((s, _))) => s.layer_types.clone(),
-            _ => vec![LayerKind::FullAttention; num_layers],
-        };
-        let gdn = if arch == Arch::Qwen35 {
-            Some(GdnConfig {
-                conv_kernel: f.usize_or("linear_conv_kernel_dim", 4)?,
-                n_k_head: f.usize_or("linear_num_key_heads", 16)?,
-                n_v_head: f.usize_or("linear_num_value_heads", 32)?,
-                k_dim: f.usize_or("linear_key_head_dim", 128)?,
-                v_dim: f.usize_or("linear_value_head_dim", 128)?,
-            })
-        } else {
-            None
-        };
-        let cfg = ModelConfig {
+        let (rope_theta, rope_scaling, partial) = rope_from_json(json)?;
+        Ok(ModelConfig {
             arch,
             vocab_size: f.usize("vocab_size")?,
             hidden_size,
@@ -281,24 +272,23 @@ impl ModelConfig {
             rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)? as f32,
             rope_theta,
             rope_scaling,
-            rotary_dim,
-            // transformers' class defaults (a saved config.json omits them).
-            tie_word_embeddings: f.bool_or("tie_word_embeddings", arch == Arch::Gemma3)?,
-            layer_types,
-            gdn,
+            rotary_dim: (head_dim as f64 * partial) as usize,
+            // transformers' class default (a saved config.json omits it).
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            layer_types: vec![LayerKind::FullAttention; num_layers],
+            gdn: None,
             prefix: prefix.into(),
             eos_token_ids: eos_from_json(json),
-            sliding: gemma3.as_ref().map(|(s, _)| s.sliding),
-            query_pre_attn_scalar: gemma3.as_ref().map(|(s, _)| s.query_pre_attn_scalar),
+            sliding: None,
+            query_pre_attn_scalar: None,
             max_position_embeddings: f.usize_or("max_position_embeddings", DEFAULT_POSITIONS)?,
-        };
-        cfg.validate()?;
-        Ok(cfg)
+        })
     }
 
     /// From GGUF metadata (`general.architecture` = `llama`, `qwen3`,
-    /// `qwen35` or `gemma3`); `lm_head` is tied when the file has no
-    /// `output.weight`.
+    /// `qwen35` or `gemma3`): the keys every architecture shares, the rest
+    /// by its folder ([`crate::model::arch::Architecture::read_gguf_config`]); `lm_head` is tied
+    /// when the file has no `output.weight`.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch_name = g.architecture()?.to_string();
         let arch = match arch_name.as_str() {
@@ -313,47 +303,35 @@ impl ModelConfig {
             }
         };
         let key = |k: &str| format!("{arch_name}.{k}");
+        let optional_u32 = |k: &str| -> Result<Option<usize>> {
+            match g.value(&key(k)) {
+                Some(_) => Ok(Some(g.get_u32(&key(k))? as usize)),
+                None => Ok(None),
+            }
+        };
         let hidden_size = g.get_u32(&key("embedding_length"))? as usize;
         let n_head = g.get_u32(&key("attention.head_count"))? as usize;
         if n_head == 0 {
             return Err(Error::invalid("GGUF metadata", format!("{} is 0", key("attention.head_count"))));
         }
-        let head_dim = match g.value(&key("attention.key_length")) {
-            Some(_) => g.get_u32(&key("attention.key_length"))? as usize,
-            None => hidden_size / n_head,
-        };
-        let vocab_size = match g.value(&key("vocab_size")) {
-            Some(_) => g.get_u32(&key("vocab_size"))? as usize,
+        let head_dim = optional_u32("attention.key_length")?.unwrap_or(hidden_size / n_head);
+        let vocab_size = match optional_u32("vocab_size")? {
+            Some(v) => v,
             None => g.get_array("tokenizer.ggml.tokens")?.len(),
         };
         let rope_theta = match g.value(&key("rope.freq_base")) {
             Some(_) => g.get_f32(&key("rope.freq_base"))? as f64,
             None => 10000.0,
         };
-        let qwen35 = if arch == Arch::Qwen35 { Some(TextShape::from_gguf(g)?) } else { None };
-        let num_layers = match &qwen35 {
-            Some(s) => s.num_layers,
-            None => check_layers(g.get_u32(&key("block_count"))? as usize, &key("block_count"))?,
-        };
-        let gemma3 = if arch == Arch::Gemma3 { Some(Gemma3Shape::from_gguf(g, num_layers, hidden_size, n_head, head_dim)?) } else { None };
-        let layer_types = match (&qwen35, &gemma3) {
-            (Some(s), _) => s.layer_types.clone(),
-            (_, Some(s)) => s.layer_types.clone(),
-            _ => vec![LayerKind::FullAttention; num_layers],
-        };
-        let tied = !g.tensor_infos().iter().any(|t| t.name == "output.weight");
-        let eos = g.get_u32("tokenizer.ggml.eos_token_id").ok().into_iter().collect();
-        let cfg = ModelConfig {
+        let num_layers = check_layers(g.get_u32(&key("block_count"))? as usize, &key("block_count"))?;
+        let mut cfg = ModelConfig {
             arch,
             vocab_size,
             hidden_size,
             intermediate_size: g.get_u32(&key("feed_forward_length"))? as usize,
             num_layers,
             n_head,
-            n_kv_head: match g.value(&key("attention.head_count_kv")) {
-                Some(_) => g.get_u32(&key("attention.head_count_kv"))? as usize,
-                None => n_head,
-            },
+            n_kv_head: optional_u32("attention.head_count_kv")?.unwrap_or(n_head),
             head_dim,
             rms_norm_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             rope_theta,
@@ -365,19 +343,17 @@ impl ModelConfig {
             } else {
                 RopeScaling::Default
             },
-            rotary_dim: qwen35.as_ref().map_or(head_dim, |s| s.rotary_dim),
-            tie_word_embeddings: tied,
-            layer_types,
-            gdn: qwen35.as_ref().map(|s| s.gdn),
+            rotary_dim: head_dim,
+            tie_word_embeddings: !g.tensor_infos().iter().any(|t| t.name == "output.weight"),
+            layer_types: vec![LayerKind::FullAttention; num_layers],
+            gdn: None,
             prefix: "model.".into(),
-            eos_token_ids: eos,
-            sliding: gemma3.as_ref().map(|s| s.sliding),
-            query_pre_attn_scalar: gemma3.as_ref().map(|s| s.query_pre_attn_scalar),
-            max_position_embeddings: match g.value(&key("context_length")) {
-                Some(_) => g.get_u32(&key("context_length"))? as usize,
-                None => DEFAULT_POSITIONS,
-            },
+            eos_token_ids: g.get_u32("tokenizer.ggml.eos_token_id").ok().into_iter().collect(),
+            sliding: None,
+            query_pre_attn_scalar: None,
+            max_position_embeddings: optional_u32("context_length")?.unwrap_or(DEFAULT_POSITIONS),
         };
+        by_arch(arch).read_gguf_config(g, &mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -542,28 +518,6 @@ fn rope_from_json(json: &Value) -> Result<(f64, RopeScaling, f64)> {
         }
     }
     Ok((theta, scaling, partial))
-}
-
-fn layer_types_from_json(json: &Value, num_layers: usize) -> Result<Vec<LayerKind>> {
-    match json.get("layer_types").filter(|v| !v.is_null()) {
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match v.as_str() {
-                Some("full_attention") => Ok(LayerKind::FullAttention),
-                Some("linear_attention") => Ok(LayerKind::LinearAttention),
-                _ => Err(Error::invalid("config.json", format!("layer_types[{i}] = {v} (full_attention or linear_attention)"))),
-            })
-            .collect(),
-        Some(v) => Err(Error::invalid("config.json", format!("layer_types must be an array, got {v}"))),
-        None => {
-            // transformers' default: every `full_attention_interval`-th layer is full attention.
-            let interval = Fields { json, what: "config.json" }.usize_or("full_attention_interval", 4)?;
-            Ok((0..num_layers)
-                .map(|i| if (i + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::LinearAttention })
-                .collect())
-        }
-    }
 }
 
 fn eos_from_json(json: &Value) -> Vec<u32> {

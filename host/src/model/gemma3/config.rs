@@ -16,7 +16,8 @@
 //! Features the decoder does not implement (RoPE scaling, logit
 //! soft-capping, bidirectional attention, another activation, value heads
 //! of another width) are refused, naming the key.
-use crate::model::config::{Fields, LayerKind, SlidingWindow};
+use crate::model::config::{Fields, LayerKind, ModelConfig, SlidingWindow};
+use crate::ops::rope::RopeScaling;
 use crate::model::gguf::Gguf;
 use crate::{Error, Result};
 use serde_json::Value;
@@ -31,13 +32,32 @@ const LOCAL_ROPE_THETA: f64 = 10_000.0;
 /// The parts of a Gemma 3 [`ModelConfig`](crate::model::config::ModelConfig)
 /// that the common fields do not carry.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Gemma3Shape {
+struct Gemma3Shape {
     /// Local and global layers.
-    pub layer_types: Vec<LayerKind>,
+    layer_types: Vec<LayerKind>,
     /// The local layers' window and RoPE base.
-    pub sliding: SlidingWindow,
+    sliding: SlidingWindow,
     /// The score scale's `query_pre_attn_scalar`.
-    pub query_pre_attn_scalar: f64,
+    query_pre_attn_scalar: f64,
+}
+
+/// Reads a `gemma3_text` `config.json` into `cfg` (whose common fields are
+/// read): layer types, window, both RoPE bases, the score scale, and
+/// transformers' default of a tied head.
+pub fn read_hf(json: &Value, cfg: &mut ModelConfig) -> Result<()> {
+    let (shape, global_theta) = Gemma3Shape::from_hf_json(json, cfg.num_layers)?;
+    cfg.rope_theta = global_theta;
+    cfg.rope_scaling = RopeScaling::Default;
+    cfg.rotary_dim = cfg.head_dim;
+    cfg.tie_word_embeddings = Fields { json, what: "config.json" }.bool_or("tie_word_embeddings", true)?;
+    shape.apply(cfg);
+    Ok(())
+}
+
+/// Reads `gemma3.*` metadata into `cfg` (whose common fields are read).
+pub fn read_gguf(g: &Gguf, cfg: &mut ModelConfig) -> Result<()> {
+    Gemma3Shape::from_gguf(g, cfg.num_layers, cfg.hidden_size, cfg.n_head, cfg.head_dim)?.apply(cfg);
+    Ok(())
 }
 
 /// `(i + 1) % every == 0` global, the rest local.
@@ -46,9 +66,15 @@ fn pattern(layers: usize, every: usize) -> Vec<LayerKind> {
 }
 
 impl Gemma3Shape {
+    fn apply(self, cfg: &mut ModelConfig) {
+        cfg.layer_types = self.layer_types;
+        cfg.sliding = Some(self.sliding);
+        cfg.query_pre_attn_scalar = Some(self.query_pre_attn_scalar);
+    }
+
     /// Reads `gemma3.*` metadata for a model of `layers` layers, `hidden`
     /// width and `n_head` heads of `head_dim`.
-    pub fn from_gguf(g: &Gguf, layers: usize, hidden: usize, n_head: usize, head_dim: usize) -> Result<Self> {
+    fn from_gguf(g: &Gguf, layers: usize, hidden: usize, n_head: usize, head_dim: usize) -> Result<Self> {
         let arch = g.architecture()?;
         let key = |k: &str| format!("{arch}.{k}");
         refuse_unimplemented(g, &key)?;
@@ -68,7 +94,7 @@ impl Gemma3Shape {
 
     /// Reads a `gemma3_text` `config.json` of `layers` layers; also returns
     /// the global layers' RoPE base.
-    pub fn from_hf_json(json: &Value, layers: usize) -> Result<(Self, f64)> {
+    fn from_hf_json(json: &Value, layers: usize) -> Result<(Self, f64)> {
         let f = Fields { json, what: "config.json" };
         let act = f.str_or("hidden_activation", "gelu_pytorch_tanh")?;
         if act != "gelu_pytorch_tanh" {
@@ -185,6 +211,9 @@ mod tests {
             ({ let mut j = gemma3(); j["layer_types"] = json!(vec!["x"; 6]); j }, "layer_types[0]"),
             ({ let mut j = gemma3(); j["use_bidirectional_attention"] = json!(true); j }, "use_bidirectional_attention"),
             ({ let mut j = gemma3(); j["sliding_window"] = json!(0); j }, "sliding_window must be a positive integer"),
+            // Gemma 3 4B and larger scale RoPE linearly (an older config.json
+            // says so at the top level): refused, never read as plain RoPE.
+            ({ let mut j = gemma3(); j.as_object_mut().unwrap().remove("rope_parameters"); j["rope_scaling"] = json!({"rope_type": "linear", "factor": 8.0}); j }, "rope_type \"linear\""),
         ];
         for (cfg, want) in cases {
             let err = ModelConfig::from_hf_json(&cfg).unwrap_err().to_string();

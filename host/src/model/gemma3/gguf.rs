@@ -3,7 +3,7 @@
 //! architecture).
 //!
 //! What the metadata does not say (layer pattern, local RoPE base, score
-//! scale) is read as [`super::config::Gemma3Shape::from_gguf`] describes.
+//! scale) is read as [`super::config::read_gguf`] describes.
 //! The converter stores every RMSNorm weight as `1 + w` (llama.cpp
 //! multiplies by the stored weight; Gemma's norms multiply by `1 + w`), and
 //! names the MLP's sandwich norms `ffn_norm` (before) and `post_ffw_norm`

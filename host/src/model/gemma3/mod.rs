@@ -16,12 +16,14 @@ use crate::ops::rmsnorm::NormWeight;
 use super::chat::ChatTemplate;
 use super::checkpoint::Checkpoint;
 use super::config::ModelConfig;
+use super::gguf::Gguf;
 use super::gguf_adapter::AdapterLayout;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use super::llama::DecoderGraph;
 use crate::autograd::graph::TrainableModel;
 use crate::Result;
+use serde_json::Value;
 
 /// Gemma 3's layers: `(1 + w)` norms, q/k norms, sandwich norms, GeGLU,
 /// scaled embeddings (its sliding-window layers and their RoPE base come
@@ -47,6 +49,14 @@ impl Architecture for Gemma3 {
         let mut model = DecoderGraph::load_with(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
         model.set_unfused_lora(unfused);
         Ok(Box::new(model))
+    }
+
+    fn read_hf_config(&self, json: &Value, cfg: &mut ModelConfig) -> Result<()> {
+        config::read_hf(json, cfg)
+    }
+
+    fn read_gguf_config(&self, g: &Gguf, cfg: &mut ModelConfig) -> Result<()> {
+        config::read_gguf(g, cfg)
     }
 
     /// Llama's GGUF tensor names; q/k rows not permuted (llama.cpp rotates

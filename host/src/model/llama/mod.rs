@@ -10,12 +10,14 @@ use super::arch::{Architecture, Recipe};
 use super::blocks::GateAct;
 use crate::ops::rmsnorm::NormWeight;
 use super::checkpoint::Checkpoint;
-use super::config::{Arch, ModelConfig};
+use super::config::{silu_only, Arch, ModelConfig};
+use super::gguf::Gguf;
 use super::gguf_adapter::AdapterLayout;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use crate::autograd::graph::TrainableModel;
 use crate::Result;
+use serde_json::Value;
 
 /// Llama: pre-norm layers, SwiGLU, plain RMSNorm weights.
 pub const LLAMA: Recipe = Recipe {
@@ -42,6 +44,16 @@ impl Architecture for Llama {
         let mut model = DecoderGraph::load_with(ckpt.tensors(), ckpt.config.clone(), make, tables)?;
         model.set_unfused_lora(unfused);
         Ok(Box::new(model))
+    }
+
+    /// Only the activation to check: every layer is full attention.
+    fn read_hf_config(&self, json: &Value, _cfg: &mut ModelConfig) -> Result<()> {
+        silu_only(json)
+    }
+
+    /// Llama's metadata keys are the shared ones.
+    fn read_gguf_config(&self, _g: &Gguf, _cfg: &mut ModelConfig) -> Result<()> {
+        Ok(())
     }
 
     /// llama.cpp stores Llama's q/k rows in its rotary permutation, not

@@ -30,7 +30,6 @@
 //!
 //! The rotary `rope.dimension_sections` (interleaved MRoPE) are not read: for
 //! text every section sees the same position, which is plain rotary.
-use crate::model::config::{GdnConfig, LayerKind};
 use crate::model::gguf::{Conventions, Gguf, Rewrite, Rewritten};
 use crate::model::source::{DType, RawTensor};
 use crate::{Error, Result};
@@ -136,56 +135,6 @@ impl Heads {
     /// head, the index the converter stored it at.
     fn stored_index(&self, i: usize, width: usize) -> usize {
         self.tiled(i / width) * width + i % width
-    }
-}
-
-/// The parts of a Qwen3.5 [`ModelConfig`](crate::model::config::ModelConfig)
-/// that llama's metadata keys do not carry.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TextShape {
-    /// Decoder layers (`block_count` minus the appended MTP blocks).
-    pub num_layers: usize,
-    /// Per-layer mixer, from `full_attention_interval`.
-    pub layer_types: Vec<LayerKind>,
-    /// Gated DeltaNet sizes.
-    pub gdn: GdnConfig,
-    /// `rope.dimension_count`.
-    pub rotary_dim: usize,
-}
-
-impl TextShape {
-    /// Reads `qwen35.*` metadata as llama.cpp's loader does.
-    pub fn from_gguf(g: &Gguf) -> Result<Self> {
-        let arch = g.architecture()?;
-        let key = |k: &str| format!("{arch}.{k}");
-        let optional = |k: &str, default: u32| -> Result<u32> {
-            match g.value(&key(k)) {
-                Some(_) => g.get_u32(&key(k)),
-                None => Ok(default),
-            }
-        };
-        let blocks = g.get_u32(&key("block_count"))? as usize;
-        let mtp = optional("nextn_predict_layers", 0)? as usize;
-        let interval = optional("full_attention_interval", 4)? as usize;
-        if mtp >= blocks || interval == 0 {
-            return Err(Error::invalid(
-                "GGUF metadata",
-                format!("{arch}: block_count {blocks}, nextn_predict_layers {mtp}, full_attention_interval {interval}"),
-            ));
-        }
-        let num_layers = crate::model::config::check_layers(blocks - mtp, &key("block_count"))?;
-        let layer_types = (0..num_layers)
-            .map(|i| if (i + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::LinearAttention })
-            .collect();
-        let h = Heads::from_gguf(g)?;
-        let gdn = GdnConfig {
-            conv_kernel: g.get_u32(&key("ssm.conv_kernel"))? as usize,
-            n_k_head: h.n_k_head,
-            n_v_head: h.n_v_head,
-            k_dim: h.k_dim,
-            v_dim: h.v_dim,
-        };
-        Ok(TextShape { num_layers, layer_types, gdn, rotary_dim: g.get_u32(&key("rope.dimension_count"))? as usize })
     }
 }
 

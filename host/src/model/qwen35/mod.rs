@@ -1,7 +1,8 @@
 //! Qwen3.5: Gated DeltaNet layers ([`gdn`]) interleaved with gated
-//! full-attention layers, its GGUF rewrites ([`gguf`]) and its training
+//! full-attention layers, its configuration ([`config`]), its GGUF rewrites ([`gguf`]) and its training
 //! graph ([`graph::Qwen35Graph`]). Inference runs in the shared
 //! [`crate::model::decoder::Model`].
+pub mod config;
 pub mod gdn;
 pub mod gdn_node;
 pub mod gguf;
@@ -15,11 +16,13 @@ use super::blocks::GateAct;
 use crate::ops::rmsnorm::NormWeight;
 use super::checkpoint::Checkpoint;
 use super::config::ModelConfig;
+use super::gguf::Gguf;
 use super::gguf_adapter::AdapterLayout;
 use crate::ops::cpu_projection::FrozenDtype;
 use super::decoder::ProjectionFactory;
 use crate::autograd::graph::TrainableModel;
 use crate::{Error, Result};
+use serde_json::Value;
 
 /// Qwen3.5's attention layers (its GDN layers are [`gdn`]'s): `(1 + w)`
 /// norms, q/k norms, a gated q_proj, SwiGLU.
@@ -44,6 +47,18 @@ impl Architecture for Qwen35 {
     /// unfused mode.
     fn training_graph(&self, ckpt: &Checkpoint, make: &ProjectionFactory<'_>, _tables: FrozenDtype, _unfused: bool) -> Result<Box<dyn TrainableModel>> {
         Ok(Box::new(Qwen35Graph::load_with(ckpt.tensors(), ckpt.config.clone(), make)?))
+    }
+
+    fn hf_text<'a>(&self, json: &'a Value) -> Result<(&'a Value, &'static str)> {
+        config::hf_text(json)
+    }
+
+    fn read_hf_config(&self, json: &Value, cfg: &mut ModelConfig) -> Result<()> {
+        config::read_hf(json, cfg)
+    }
+
+    fn read_gguf_config(&self, g: &Gguf, cfg: &mut ModelConfig) -> Result<()> {
+        config::read_gguf(g, cfg)
     }
 
     fn gguf_adapter(&self, _cfg: &ModelConfig) -> Result<AdapterLayout> {
