@@ -2,9 +2,9 @@
 //! architecture is a folder of [`crate::model`] (`llama/`, `qwen35/`,
 //! `gemma3/`) holding its training graph, the configuration fields only it
 //! has and anything else only it needs (Qwen3.5's GDN block, Qwen3.5's and
-//! Gemma 3's GGUF conventions), over the shared blocks
-//! ([`crate::model::blocks`]) and the shared inference decoder
-//! ([`crate::model::decoder`]). Adding one means adding a folder, an
+//! Gemma 3's GGUF conventions), over the one layer forward
+//! ([`crate::model::layer`], run for decoding by [`crate::model::decoder`]
+//! and recorded on the tape by the training graphs). Adding one means adding a folder, an
 //! [`Architecture`] implementation, a [`Recipe`], an arm in [`by_arch`] and
 //! [`recipe`], its names in [`crate::model::config`]'s `model_type` and GGUF
 //! tables (and, for its GGUF files, an arm in [`gguf_conventions`]).

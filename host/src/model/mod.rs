@@ -13,6 +13,7 @@ pub mod gguf;
 pub mod gguf_adapter;
 pub mod gguf_writer;
 pub mod hf_dir;
+pub mod layer;
 pub mod llama;
 pub mod sentencepiece;
 pub mod qwen35;

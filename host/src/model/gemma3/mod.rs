@@ -3,10 +3,10 @@
 //! norms (after attention and around the MLP); GeGLU (tanh GELU); token
 //! embeddings scaled by `sqrt(hidden)`; RMSNorm as `(1 + w)`; tied head.
 //! Its configuration is read by [`config`], its GGUF conventions undone by
-//! [`gguf`]. Inference runs in the shared [`crate::model::decoder::Model`],
-//! training in the attention decoders' graph
-//! ([`crate::model::llama::DecoderGraph`]); both read Gemma 3's differences
-//! from Llama from its [`RECIPE`].
+//! [`gguf`]. Its layers run the one layer forward
+//! ([`crate::model::layer`]) for decoding and training (in the attention
+//! decoders' graph, [`crate::model::llama::DecoderGraph`]), which reads
+//! Gemma 3's differences from Llama from its [`RECIPE`] and configuration.
 pub mod config;
 pub mod gguf;
 

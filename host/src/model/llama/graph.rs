@@ -1,82 +1,43 @@
 //! The training graph of the attention decoders (Llama, Qwen3, Gemma 3):
-//! one recomputable segment per layer, the fused vocabulary head + loss at
-//! the end. Per layer (`x: [rows, hidden]`, rows = batch * seq):
-//!
-//! ```text
-//! h  = rmsnorm(x)                       q/k/v = proj(h) + lora      (Qwen3, Gemma 3: q/k rmsnorm per head)
-//! q, k = rope(q), rope(k)               a = attention(q, k, v)      (causal, GQA)
-//! x1 = x + proj_o(a) + lora             h2 = rmsnorm(x1)
-//! m  = swiglu(proj_gate(h2) + lora, proj_up(h2) + lora)
-//! y  = x1 + proj_down(m) + lora
-//! ```
-//!
-//! Gemma 3 differs in five places: the embeddings are scaled by
-//! `sqrt(hidden)`; the attention and MLP outputs are normalised before
-//! each residual add (`x1 = x + rmsnorm(proj_o(a))`, the same for `y`);
-//! the MLP is GeGLU (`gelu_tanh` gate); scores are scaled by
-//! `query_pre_attn_scalar^-1/2`; and its local layers attend within a
-//! sliding window, rotating with their own RoPE base.
+//! embeddings (held in the frozen dtype), one recomputable segment per
+//! layer whose body is the one layer forward ([`crate::model::layer`],
+//! recorded on the tape), the final norm and the fused vocabulary head +
+//! loss over vocabulary slices.
 //!
 //! Frozen weights are only reached through [`Projection`]s, which callers may
 //! swap (the split runtime routes them to the NPU).
 use crate::autograd::graph::{layer_lora_params, projection_infos, token_rows, Batch, GraphOptions, LoraVars, TrainableModel};
-use crate::base::counter_rng;
 use crate::autograd::{SegmentFn, Tape, Var};
-use crate::model::blocks::GateAct;
 use crate::model::arch;
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::ops::cpu_projection::{Bf16Projection, CpuProjection, FrozenDtype};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::Descriptor;
+use crate::model::layer::{layer_forward, load_layers, Consts, Layer, Record};
 use crate::model::source::{DType, RawTensor, TensorSource};
-use crate::ops::attention::{AttnDims, Products};
+use crate::ops::attention::Products;
 use crate::ops::bf16_matmul::Bf16Matrix;
 use crate::ops::cross_entropy::slice_rows;
 use crate::ops::embedding::embedding_forward;
 use crate::ops::quant_bf16::decode_rows;
-use crate::ops::rmsnorm::NormWeight;
-use crate::ops::rope::{rope_inv_freq, RopeScaling};
 use crate::projection::{Projection, ProjectionInfo, ProjectionKind};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::sync::Arc;
 
-/// Frozen parts of one layer.
-struct Layer {
-    /// q, k, v, o, gate, up, down.
-    proj: [Arc<dyn Projection>; 7],
-    input_norm: Arc<Vec<f32>>,
-    /// The norm before the MLP (`post_attention_layernorm`; Gemma 3's
-    /// `pre_feedforward_layernorm`).
-    post_norm: Arc<Vec<f32>>,
-    /// Qwen3's and Gemma 3's per-head q/k norms.
-    qk_norm: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
-    /// Gemma 3's norms of the attention and MLP outputs.
-    out_norms: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
-    /// Gemma 3's local layers: the sliding window.
-    window: Option<usize>,
-}
-
 struct Shared {
     cfg: ModelConfig,
-    norm: NormWeight,
     layers: Vec<Layer>,
-    inv_freq: Arc<Vec<f32>>,
-    /// The sliding-window layers' own frequencies (Gemma 3).
-    sliding_inv_freq: Option<Arc<Vec<f32>>>,
-    /// Attention's score scale.
-    attn_scale: f32,
-    /// The MLP's gate activation.
-    act: GateAct,
+    /// Norm convention, heads, RoPE frequencies, score scale, gate
+    /// activation; attention's products: operands rounded to bf16 on the
+    /// AMX tiles when the frozen weights are bf16 (the products with them
+    /// round their activations the same way), f32 otherwise.
+    consts: Consts,
     /// Factor of the embedding rows (Gemma 3's `sqrt(hidden)` in f32).
     embed_scale: Option<f32>,
-    /// Attention's products: operands rounded to bf16 on the AMX tiles
-    /// when the frozen weights are bf16 (the products with them round their
-    /// activations the same way), f32 otherwise.
-    attention: Products,
 }
 
-/// A Llama/Qwen3 model ready to be differentiated.
+/// A Llama, Qwen3 or Gemma 3 model ready to be differentiated.
 pub struct DecoderGraph {
     shared: Arc<Shared>,
     /// `[vocab, hidden]` token embeddings.
@@ -187,29 +148,7 @@ impl DecoderGraph {
         }
         let desc = Descriptor::new(&cfg);
         desc.check(src)?;
-        let proj = |info: &ProjectionInfo| -> Result<Arc<dyn Projection>> { make(info.clone(), &src.get(&format!("{}.weight", info.name))?) };
-        let mut layers = Vec::new();
-        for (l, ld) in desc.layers.iter().enumerate() {
-            let p: Vec<Arc<dyn Projection>> = ld.projections.iter().map(proj).collect::<Result<_>>()?;
-            let lp = format!("{}layers.{l}.", cfg.prefix);
-            let norm = |name: &str| f32_tensor(src, &format!("{lp}{name}.weight"));
-            let qk_norm = match recipe.qk_norm {
-                true => Some((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?)),
-                false => None,
-            };
-            let out_norms = match recipe.sandwich_norms {
-                true => Some((norm("post_attention_layernorm")?, norm("post_feedforward_layernorm")?)),
-                false => None,
-            };
-            layers.push(Layer {
-                proj: p.try_into().map_err(|_| Error::Unsupported("attention layer without exactly 7 projections".into()))?,
-                input_norm: norm("input_layernorm")?,
-                post_norm: norm(recipe.mlp_norm())?,
-                qk_norm,
-                out_norms,
-                window: (ld.kind == LayerKind::SlidingAttention).then(|| cfg.sliding.map(|s| s.window)).flatten(),
-            });
-        }
+        let layers = load_layers(&cfg, &desc, src, make)?;
         let embed = match tables {
             FrozenDtype::F32 => EmbedTable::F32(f32_tensor(src, &desc.embed.name)?),
             FrozenDtype::Bf16 => EmbedTable::bf16(&src.get(&desc.embed.name)?, (cfg.vocab_size, cfg.hidden_size))?,
@@ -221,16 +160,14 @@ impl DecoderGraph {
             .into_iter()
             .map(|(first, rows)| head_window(&head_w, ProjectionInfo { out_features: rows, ..head_info.clone() }, first))
             .collect::<Result<_>>()?;
-        let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
-        let sliding_inv_freq = cfg.sliding.map(|s| Arc::new(rope_inv_freq(cfg.rotary_dim, s.rope_theta, &RopeScaling::Default)));
         let final_norm = f32_tensor(src, &desc.final_norm.name)?;
-        let attention = match tables {
+        let products = match tables {
             FrozenDtype::F32 => Products::F32,
             FrozenDtype::Bf16 => Products::Bf16,
         };
-        let attn_scale = cfg.attention_scale();
-        let (act, embed_scale) = (recipe.act, recipe.embed_scale(cfg.hidden_size));
-        let shared = Shared { cfg, norm: desc.norm, layers, inv_freq, sliding_inv_freq, attn_scale, act, embed_scale, attention };
+        let consts = Consts::new(&cfg, products);
+        let embed_scale = recipe.embed_scale(cfg.hidden_size);
+        let shared = Shared { cfg, layers, consts, embed_scale };
         Ok(DecoderGraph { shared: Arc::new(shared), embed, final_norm, head, head_slices, unfused_lora: false })
     }
 
@@ -271,79 +208,20 @@ impl DecoderGraph {
             let recompute = recompute_layers.get(l).copied().unwrap_or(false);
             x = tape.segment(&f, x, &params, recompute)?;
         }
-        tape.rms_norm(x, &self.final_norm, self.shared.norm, cfg.rms_norm_eps)
+        tape.rms_norm(x, &self.final_norm, self.shared.consts.norm, cfg.rms_norm_eps)
     }
 }
 
 /// One layer as a segment: `params` are the `(A, B)` pairs of its adapted
-/// projections, in `names` order.
+/// projections, in `names` order; the body is the one layer forward.
 #[allow(clippy::too_many_arguments)]
 fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora: (f32, f32, u64), positions: Arc<Vec<usize>>, seq: usize, causal: bool, unfused: bool) -> SegmentFn {
     Arc::new(move |tape: &mut Tape, x: Var, params: &[Var]| {
-        let (scaling, dropout, seed) = lora;
-        let layer = &shared.layers[l];
-        let cfg = &shared.cfg;
-        let eps = cfg.rms_norm_eps;
-        let lin = |tape: &mut Tape, i: usize, h: Var| -> Result<Var> {
-            let Some(k) = names[i] else { return tape.projection(h, &layer.proj[i]) };
-            let dropout = (dropout > 0.0).then(|| crate::lora::branch::Dropout { p: dropout, seed: counter_rng::derive(seed, (l * 7 + i) as u64) });
-            let (a, b) = (params[2 * k], params[2 * k + 1]);
-            if unfused {
-                let y = tape.projection(h, &layer.proj[i])?;
-                return tape.lora_add(y, h, a, b, scaling, dropout);
-            }
-            tape.projection_lora(h, &layer.proj[i], a, b, scaling, dropout)
-        };
-        let h = tape.rms_norm(x, &layer.input_norm, shared.norm, eps)?;
-        let (mut q, mut k, v) = (lin(tape, 0, h)?, lin(tape, 1, h)?, lin(tape, 2, h)?);
-        // The normed inputs and the SwiGLU output are read by the LoRA
-        // backwards but cost only an elementwise pass to rebuild there:
-        // a third less activation memory per layer.
-        tape.forget_recomputable(h);
-        if let Some((qn, kn)) = &layer.qk_norm {
-            q = tape.rms_norm(q, qn, shared.norm, eps)?;
-            k = tape.rms_norm(k, kn, shared.norm, eps)?;
-        }
-        let (q_lin, k_lin) = (q, k);
-        let inv_freq = match (layer.window, &shared.sliding_inv_freq) {
-            (Some(_), Some(f)) => f,
-            _ => &shared.inv_freq,
-        };
-        let q = tape.rope(q, &positions, cfg.n_head, cfg.head_dim, inv_freq)?;
-        let k = tape.rope(k, &positions, cfg.n_kv_head, cfg.head_dim, inv_freq)?;
-        // Read by no backward (RoPE's rotates dY back): activation memory.
-        tape.forget(q_lin);
-        tape.forget(k_lin);
-        let dims = AttnDims { q_len: seq, kv_len: seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, causal };
-        let a = tape.attention_window(q, k, v, dims, shared.attn_scale, shared.attention, layer.window)?;
-        let o = lin(tape, 3, a)?;
-        let o = out_norm(tape, o, layer.out_norms.as_ref().map(|n| &n.0), shared.norm, eps)?;
-        let x1 = tape.add(x, o)?;
-        tape.forget(o);
-        let h2 = tape.rms_norm(x1, &layer.post_norm, shared.norm, eps)?;
-        let (g, u) = (lin(tape, 4, h2)?, lin(tape, 5, h2)?);
-        tape.forget_recomputable(h2);
-        let m = match shared.act {
-            GateAct::Silu => tape.swiglu(g, u)?,
-            GateAct::GeluTanh => tape.geglu(g, u)?,
-        };
-        let d = lin(tape, 6, m)?;
-        tape.forget_recomputable(m);
-        let d = out_norm(tape, d, layer.out_norms.as_ref().map(|n| &n.1), shared.norm, eps)?;
-        let y = tape.add(x1, d)?;
-        tape.forget(d);
-        Ok(y)
+        let (c, layer) = (&shared.consts, &shared.layers[l]);
+        // Dropout streams `l * 7 + i`: seven projections a layer.
+        let mut e = Record { tape, c, layer, params, names: &names, lora, stream: (l, 7), unfused, positions: &positions, seq, causal };
+        layer_forward(&mut e, c, layer, &x)
     })
-}
-
-/// `rmsnorm(y)` with Gemma 3's output norm `weight`, or `y` itself. The
-/// norm's backward reads `y`, so only its output may be forgotten after
-/// the residual add.
-fn out_norm(tape: &mut Tape, y: Var, weight: Option<&Arc<Vec<f32>>>, kind: NormWeight, eps: f32) -> Result<Var> {
-    match weight {
-        Some(w) => tape.rms_norm(y, w, kind, eps),
-        None => Ok(y),
-    }
 }
 
 impl TrainableModel for DecoderGraph {

@@ -1,6 +1,7 @@
 //! Llama and Qwen3 (attention decoders; Qwen3 adds per-head q/k RMSNorm):
-//! the training graph ([`graph::DecoderGraph`]). Inference runs in the
-//! shared [`crate::model::decoder::Model`] over [`crate::model::blocks`].
+//! the training graph ([`graph::DecoderGraph`]: embeddings, head and loss
+//! around the one layer forward of [`crate::model::layer`], which decoding
+//! runs too).
 pub mod gguf;
 pub mod graph;
 

@@ -1,17 +1,14 @@
-//! Qwen3.5's Gated DeltaNet block (transformers' `Qwen3_5GatedDeltaNet`).
-//! Its full-attention layers are [`crate::model::blocks::Attention`] with
-//! `gated = true`, (1 + w) q/k norms and partial rotary; the decoder that
-//! interleaves both is [`crate::model::decoder::Model`].
+//! Qwen3.5's Gated DeltaNet block (transformers' `Qwen3_5GatedDeltaNet`):
+//! its weights, its decoding state and its core while decoding. The layer
+//! around it (projections, norms, MLP) is [`crate::model::layer`]'s; its
+//! tape node is [`super::gdn_node`].
 use crate::model::config::GdnConfig;
-use crate::model::blocks::project;
 use crate::ops::activation::silu_forward;
 use crate::ops::gdn::{
     conv1d_causal_forward, conv1d_next_history, delta_rule_forward, gated_rmsnorm_forward, gdn_gates_forward,
     l2norm_forward, DeltaDims,
 };
-use crate::projection::Projection;
 use crate::Result;
-use std::sync::Arc;
 
 /// transformers' `l2norm` epsilon (fixed, not `rms_norm_eps`).
 pub const L2NORM_EPS: f32 = 1e-6;
@@ -36,7 +33,7 @@ impl GdnState {
 }
 
 /// The frozen non-projection weights of one Gated DeltaNet layer: one
-/// struct for inference ([`GatedDeltaNet`]) and training
+/// struct for decoding ([`gdn_decode`]) and training
 /// (`model::qwen35::gdn_node`).
 #[derive(Clone, Debug)]
 pub struct GdnWeights {
@@ -76,60 +73,39 @@ impl GdnWeights {
     }
 }
 
-/// One Gated DeltaNet token mixer.
-pub struct GatedDeltaNet {
-    /// `[2 * key_dim + value_dim, hidden]`.
-    pub in_proj_qkv: Arc<dyn Projection>,
-    /// `[value_dim, hidden]`.
-    pub in_proj_z: Arc<dyn Projection>,
-    /// `[n_v_head, hidden]`.
-    pub in_proj_b: Arc<dyn Projection>,
-    /// `[n_v_head, hidden]`.
-    pub in_proj_a: Arc<dyn Projection>,
-    /// `[hidden, value_dim]`.
-    pub out_proj: Arc<dyn Projection>,
-    /// Conv, gates, gated norm.
-    pub weights: Arc<GdnWeights>,
-}
+/// The Gated DeltaNet core while decoding: the input projections' outputs
+/// `qkv: [tokens, conv_dim]`, `z: [tokens, value_dim]`, `b`, `a: [tokens,
+/// n_v_head]` -> the gated-normed delta-rule output `[tokens, value_dim]`
+/// (out_proj's input), continuing from `state`.
+pub fn gdn_decode(w: &GdnWeights, qkv: &[f32], z: &[f32], b: &[f32], a: &[f32], tokens: usize, state: &mut GdnState) -> Vec<f32> {
+    let d = w.dims;
+    let (key_dim, conv_dim) = (d.key_dim(), d.conv_dim());
+    let mut conv = vec![0.0; qkv.len()];
+    conv1d_causal_forward(&mut conv, qkv, &state.conv, &w.conv_weight, conv_dim);
+    state.conv = conv1d_next_history(&state.conv, qkv, conv_dim);
+    let mut mixed = vec![0.0; conv.len()];
+    silu_forward(&mut mixed, &conv);
 
-impl GatedDeltaNet {
-    /// `x: [tokens, hidden] -> [tokens, hidden]`, continuing from `state`.
-    pub fn forward(&self, x: &[f32], tokens: usize, state: &mut GdnState) -> Result<Vec<f32>> {
-        let w = &*self.weights;
-        let d = w.dims;
-        let (key_dim, conv_dim) = (d.key_dim(), d.conv_dim());
-        let qkv = project(&*self.in_proj_qkv, x, tokens)?;
-        let z = project(&*self.in_proj_z, x, tokens)?;
-        let b = project(&*self.in_proj_b, x, tokens)?;
-        let a = project(&*self.in_proj_a, x, tokens)?;
-
-        let mut conv = vec![0.0; qkv.len()];
-        conv1d_causal_forward(&mut conv, &qkv, &state.conv, &w.conv_weight, conv_dim);
-        state.conv = conv1d_next_history(&state.conv, &qkv, conv_dim);
-        let mut mixed = vec![0.0; conv.len()];
-        silu_forward(&mut mixed, &conv);
-
-        // rows of `mixed` are [q | k | v]
-        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        for row in mixed.chunks_exact(conv_dim) {
-            q.extend_from_slice(&row[..key_dim]);
-            k.extend_from_slice(&row[key_dim..2 * key_dim]);
-            v.extend_from_slice(&row[2 * key_dim..]);
-        }
-        let mut rnorm = vec![0.0; tokens * d.n_k_head];
-        let (q_raw, k_raw) = (q.clone(), k.clone());
-        l2norm_forward(&mut q, &mut rnorm, &q_raw, d.k_dim, L2NORM_EPS);
-        l2norm_forward(&mut k, &mut rnorm, &k_raw, d.k_dim, L2NORM_EPS);
-
-        let (mut g, mut beta) = (vec![0.0; a.len()], vec![0.0; b.len()]);
-        gdn_gates_forward(&mut g, &mut beta, &a, &b, &w.a_log, &w.dt_bias);
-
-        let mut o = vec![0.0; v.len()];
-        delta_rule_forward(&mut o, &mut state.recurrent, &q, &k, &v, &g, &beta, w.delta_dims());
-
-        let mut normed = vec![0.0; o.len()];
-        let mut rstd = vec![0.0; tokens * d.n_v_head];
-        gated_rmsnorm_forward(&mut normed, &mut rstd, &o, &z, &w.norm_weight, w.eps);
-        project(&*self.out_proj, &normed, tokens)
+    // rows of `mixed` are [q | k | v]
+    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for row in mixed.chunks_exact(conv_dim) {
+        q.extend_from_slice(&row[..key_dim]);
+        k.extend_from_slice(&row[key_dim..2 * key_dim]);
+        v.extend_from_slice(&row[2 * key_dim..]);
     }
+    let mut rnorm = vec![0.0; tokens * d.n_k_head];
+    let (q_raw, k_raw) = (q.clone(), k.clone());
+    l2norm_forward(&mut q, &mut rnorm, &q_raw, d.k_dim, L2NORM_EPS);
+    l2norm_forward(&mut k, &mut rnorm, &k_raw, d.k_dim, L2NORM_EPS);
+
+    let (mut g, mut beta) = (vec![0.0; a.len()], vec![0.0; b.len()]);
+    gdn_gates_forward(&mut g, &mut beta, a, b, &w.a_log, &w.dt_bias);
+
+    let mut o = vec![0.0; v.len()];
+    delta_rule_forward(&mut o, &mut state.recurrent, &q, &k, &v, &g, &beta, w.delta_dims());
+
+    let mut normed = vec![0.0; o.len()];
+    let mut rstd = vec![0.0; tokens * d.n_v_head];
+    gated_rmsnorm_forward(&mut normed, &mut rstd, &o, z, &w.norm_weight, w.eps);
+    normed
 }

@@ -1,61 +1,31 @@
-//! The training graph of Qwen3.5: Gated DeltaNet layers interleaved with
-//! gated full-attention layers, (1 + w) RMSNorms, one recomputable segment
-//! per layer and the fused vocabulary head + loss. Per layer (`x: [rows,
-//! hidden]`, rows = batch * seq, every sequence from a zero state):
-//!
-//! ```text
-//! h = rmsnorm(x)
-//! GDN:        qkv, z, b, a = proj(h) + lora       c = gdn(qkv, z, b, a)    o = proj_out(c) + lora
-//! attention:  q_full = proj_q(h) + lora  [rows, n_head * 2 * head_dim] (query | gate per head)
-//!             q = rmsnorm(query_of(q_full)), k = rmsnorm(proj_k(h) + lora), v = proj_v(h) + lora
-//!             q, k = rope(q), rope(k) on the first rotary_dim features
-//!             o = proj_o(attention(q, k, v) * sigmoid(gate)) + lora
-//! x1 = x + o        y = x1 + proj_down(swiglu(proj_gate(rmsnorm(x1)), proj_up(..))) + lora
-//! ```
+//! The training graph of Qwen3.5 (Gated DeltaNet layers interleaved with
+//! gated full-attention layers): f32 embeddings, one recomputable segment
+//! per layer whose body is the one layer forward
+//! ([`crate::model::layer`], recorded on the tape; every sequence from a
+//! zero state), the final norm and the vocabulary head + loss.
 //!
 //! Frozen projections are built by a [`ProjectionFactory`] (kind
 //! `Recurrent` for the GDN ones, from the descriptor), so the split runtime
 //! can route them to the NPU with FP16 weights.
 use crate::autograd::graph::{layer_lora_params, projection_infos, token_rows, Batch, GraphOptions, LoraVars, TrainableModel};
-use super::gdn_node::GdnWeights;
-use crate::base::counter_rng;
 use crate::autograd::{SegmentFn, Tape, Var};
-use crate::model::config::{Arch, LayerKind, ModelConfig};
+use crate::model::config::{Arch, ModelConfig};
 use crate::ops::cpu_projection::CpuProjection;
 use crate::model::decoder::ProjectionFactory;
-use crate::model::descriptor::{Descriptor, LayerDesc};
+use crate::model::descriptor::Descriptor;
+use crate::model::layer::{layer_forward, load_layers, Consts, Layer, Record};
 use crate::model::source::TensorSource;
-use crate::ops::attention::AttnDims;
+use crate::ops::attention::Products;
 use crate::ops::embedding::embedding_forward;
-use crate::ops::rmsnorm::NormWeight;
-use crate::ops::rope::rope_inv_freq;
 use crate::projection::{Projection, ProjectionInfo, ProjectionKind};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::sync::Arc;
 
-/// The token mixer's frozen non-projection weights.
-enum Mixer {
-    /// Per-head q/k norm weights `[head_dim]` ((1 + w) convention).
-    Attention { q_norm: Arc<Vec<f32>>, k_norm: Arc<Vec<f32>> },
-    /// Conv, gates and gated norm.
-    Gdn(Arc<GdnWeights>),
-}
-
-/// Frozen parts of one layer.
-struct Layer {
-    /// In descriptor order: q, k, v, o (or in_proj_qkv, in_proj_z,
-    /// in_proj_b, in_proj_a, out_proj), then gate, up, down.
-    proj: Vec<Arc<dyn Projection>>,
-    mixer: Mixer,
-    input_norm: Arc<Vec<f32>>,
-    post_norm: Arc<Vec<f32>>,
-}
-
 struct Shared {
     cfg: ModelConfig,
     layers: Vec<Layer>,
-    inv_freq: Arc<Vec<f32>>,
+    consts: Consts,
 }
 
 /// A Qwen3.5 model ready to be differentiated.
@@ -69,31 +39,6 @@ pub struct Qwen35Graph {
 
 fn f32_tensor(src: &dyn TensorSource, name: &str) -> Result<Vec<f32>> {
     src.get(name)?.to_f32()
-}
-
-fn load_layer(cfg: &ModelConfig, ld: &LayerDesc, src: &dyn TensorSource, make: &ProjectionFactory<'_>) -> Result<Layer> {
-    let proj = ld
-        .projections
-        .iter()
-        .map(|info| make(info.clone(), &src.get(&format!("{}.weight", info.name))?))
-        .collect::<Result<Vec<_>>>()?;
-    let tensor = |suffix: &str| -> Result<Vec<f32>> {
-        let t = ld.tensors.iter().find(|t| t.name.ends_with(suffix)).expect("the descriptor lists it");
-        f32_tensor(src, &t.name)
-    };
-    let mixer = match ld.kind {
-        LayerKind::FullAttention => Mixer::Attention { q_norm: Arc::new(tensor(".q_norm.weight")?), k_norm: Arc::new(tensor(".k_norm.weight")?) },
-        LayerKind::SlidingAttention => return Err(Error::Unsupported("sliding-window attention in the Qwen3.5 graph".into())),
-        LayerKind::LinearAttention => Mixer::Gdn(Arc::new(GdnWeights {
-            conv_weight: tensor("conv1d.weight")?,
-            dt_bias: tensor("dt_bias")?,
-            a_log: tensor("A_log")?,
-            norm_weight: tensor("linear_attn.norm.weight")?,
-            dims: cfg.gdn.ok_or_else(|| Error::invalid("config", "linear-attention layer without GDN sizes"))?,
-            eps: cfg.rms_norm_eps,
-        })),
-    };
-    Ok(Layer { proj, mixer, input_norm: Arc::new(tensor("input_layernorm.weight")?), post_norm: Arc::new(tensor("post_attention_layernorm.weight")?) })
 }
 
 impl Qwen35Graph {
@@ -110,7 +55,7 @@ impl Qwen35Graph {
         }
         let desc = Descriptor::new(&cfg);
         desc.check(src)?;
-        let layers = desc.layers.iter().map(|ld| load_layer(&cfg, ld, src, make)).collect::<Result<Vec<_>>>()?;
+        let layers = load_layers(&cfg, &desc, src, make)?;
         let embed = Arc::new(f32_tensor(src, &desc.embed.name)?);
         let head_info = ProjectionInfo { name: "lm_head".into(), kind: ProjectionKind::Mlp, out_features: cfg.vocab_size, in_features: cfg.hidden_size };
         let head_w = match &desc.lm_head {
@@ -118,80 +63,14 @@ impl Qwen35Graph {
             None => embed.as_ref().clone(),
         };
         let head: Arc<dyn Projection> = Arc::new(CpuProjection::new(head_info, head_w)?);
-        let inv_freq = Arc::new(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, &cfg.rope_scaling));
         let final_norm = Arc::new(f32_tensor(src, &desc.final_norm.name)?);
-        Ok(Qwen35Graph { shared: Arc::new(Shared { cfg, layers, inv_freq }), embed, final_norm, head })
+        let consts = Consts::new(&cfg, Products::F32);
+        Ok(Qwen35Graph { shared: Arc::new(Shared { cfg, layers, consts }), embed, final_norm, head })
     }
 
     /// The model configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.shared.cfg
-    }
-}
-
-/// What a layer segment needs besides the tape: the layer, which adapter
-/// pair (index into `params`) each projection has, LoRA settings, positions.
-struct SegmentCtx {
-    shared: Arc<Shared>,
-    l: usize,
-    names: Vec<Option<usize>>,
-    lora: (f32, f32, u64),
-    positions: Arc<Vec<usize>>,
-    seq: usize,
-    /// Attention layers mask the future (`false`: the embedder's full view).
-    causal: bool,
-}
-
-impl SegmentCtx {
-    /// Projection `i` of the layer plus its LoRA branch.
-    fn lin(&self, tape: &mut Tape, params: &[Var], i: usize, h: Var) -> Result<Var> {
-        let y = tape.projection(h, &self.shared.layers[self.l].proj[i])?;
-        let Some(k) = self.names[i] else { return Ok(y) };
-        let (scaling, dropout, seed) = self.lora;
-        let dropout = (dropout > 0.0).then(|| crate::lora::branch::Dropout { p: dropout, seed: counter_rng::derive(seed, (self.l * 8 + i) as u64) });
-        tape.lora_add(y, h, params[2 * k], params[2 * k + 1], scaling, dropout)
-    }
-
-    fn attention(&self, tape: &mut Tape, params: &[Var], h: Var, q_norm: &Arc<Vec<f32>>, k_norm: &Arc<Vec<f32>>) -> Result<Var> {
-        let cfg = &self.shared.cfg;
-        let (hd, eps) = (cfg.head_dim, cfg.rms_norm_eps);
-        let q_full = self.lin(tape, params, 0, h)?;
-        let q = tape.query_of(q_full, hd)?;
-        let (k, v) = (self.lin(tape, params, 1, h)?, self.lin(tape, params, 2, h)?);
-        let q = tape.rms_norm(q, q_norm, NormWeight::OnePlus, eps)?;
-        let k = tape.rms_norm(k, k_norm, NormWeight::OnePlus, eps)?;
-        let q = tape.rope(q, &self.positions, cfg.n_head, hd, &self.shared.inv_freq)?;
-        let k = tape.rope(k, &self.positions, cfg.n_kv_head, hd, &self.shared.inv_freq)?;
-        let dims = AttnDims { q_len: self.seq, kv_len: self.seq, n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: hd, causal: self.causal };
-        let a = tape.attention(q, k, v, dims, 1.0 / (hd as f32).sqrt(), crate::ops::attention::Products::F32)?;
-        let a = tape.output_gate(a, q_full, hd)?;
-        self.lin(tape, params, 3, a)
-    }
-
-    fn gdn(&self, tape: &mut Tape, params: &[Var], h: Var, w: &Arc<GdnWeights>) -> Result<Var> {
-        let qkv = self.lin(tape, params, 0, h)?;
-        let z = self.lin(tape, params, 1, h)?;
-        let b = self.lin(tape, params, 2, h)?;
-        let a = self.lin(tape, params, 3, h)?;
-        let c = tape.gdn(qkv, z, b, a, w, self.seq)?;
-        self.lin(tape, params, 4, c)
-    }
-
-    fn layer(&self, tape: &mut Tape, x: Var, params: &[Var]) -> Result<Var> {
-        let layer = &self.shared.layers[self.l];
-        let eps = self.shared.cfg.rms_norm_eps;
-        let h = tape.rms_norm(x, &layer.input_norm, NormWeight::OnePlus, eps)?;
-        let o = match &layer.mixer {
-            Mixer::Attention { q_norm, k_norm } => self.attention(tape, params, h, q_norm, k_norm)?,
-            Mixer::Gdn(w) => self.gdn(tape, params, h, w)?,
-        };
-        let x1 = tape.add(x, o)?;
-        let h2 = tape.rms_norm(x1, &layer.post_norm, NormWeight::OnePlus, eps)?;
-        let n = layer.proj.len();
-        let (g, u) = (self.lin(tape, params, n - 3, h2)?, self.lin(tape, params, n - 2, h2)?);
-        let m = tape.swiglu(g, u)?;
-        let d = self.lin(tape, params, n - 1, m)?;
-        tape.add(x1, d)
     }
 }
 
@@ -233,12 +112,18 @@ impl TrainableModel for Qwen35Graph {
         let positions = Arc::new((0..b).flat_map(|_| 0..seq).collect::<Vec<_>>());
         for (l, layer) in self.shared.layers.iter().enumerate() {
             let (params, names) = layer_lora_params(lora, &layer.proj);
-            let ctx = SegmentCtx { shared: self.shared.clone(), l, names, lora: (lora.scaling, lora.dropout, lora.dropout_seed), positions: positions.clone(), seq, causal };
-            let f: SegmentFn = Arc::new(move |tape: &mut Tape, x: Var, params: &[Var]| ctx.layer(tape, x, params));
+            let (shared, positions, lora) = (self.shared.clone(), positions.clone(), (lora.scaling, lora.dropout, lora.dropout_seed));
+            let f: SegmentFn = Arc::new(move |tape: &mut Tape, x: Var, params: &[Var]| {
+                let (c, layer) = (&shared.consts, &shared.layers[l]);
+                // Each adapted projection records its frozen product, then its
+                // branch; dropout streams `l * 8 + i`.
+                let mut e = Record { tape, c, layer, params, names: &names, lora, stream: (l, 8), unfused: true, positions: &positions, seq, causal };
+                layer_forward(&mut e, c, layer, &x)
+            });
             let recompute = recompute_layers.get(l).copied().unwrap_or(false);
             x = tape.segment(&f, x, &params, recompute)?;
         }
-        tape.rms_norm(x, &self.final_norm, NormWeight::OnePlus, cfg.rms_norm_eps)
+        tape.rms_norm(x, &self.final_norm, self.shared.consts.norm, cfg.rms_norm_eps)
     }
 
     fn head(&self) -> &Arc<dyn Projection> {

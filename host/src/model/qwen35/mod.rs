@@ -1,14 +1,15 @@
-//! Qwen3.5: Gated DeltaNet layers ([`gdn`]) interleaved with gated
-//! full-attention layers, its configuration ([`config`]), its GGUF rewrites ([`gguf`]) and its training
-//! graph ([`graph::Qwen35Graph`]). Inference runs in the shared
-//! [`crate::model::decoder::Model`].
+//! Qwen3.5: Gated DeltaNet layers ([`gdn`], its tape node [`gdn_node`])
+//! interleaved with gated full-attention layers, its configuration
+//! ([`config`]), its GGUF rewrites ([`gguf`]) and its training graph
+//! ([`graph::Qwen35Graph`]). Both kinds of layer run the one layer forward
+//! ([`crate::model::layer`]) for decoding and training.
 pub mod config;
 pub mod gdn;
 pub mod gdn_node;
 pub mod gguf;
 pub mod graph;
 
-pub use gdn::{GatedDeltaNet, GdnState, GdnWeights, L2NORM_EPS};
+pub use gdn::{gdn_decode, GdnState, GdnWeights, L2NORM_EPS};
 pub use graph::Qwen35Graph;
 
 use super::arch::{Architecture, Recipe};
