@@ -138,7 +138,7 @@ impl Value {
 pub struct GgmlType {
     /// Numeric id in the file.
     pub id: u32,
-    /// llama.cpp's name (`Q4_K`).
+    /// GGML's name (`Q4_K`).
     pub name: &'static str,
     /// Elements per block.
     pub block_len: usize,
@@ -483,15 +483,6 @@ impl Gguf {
     }
 }
 
-/// Where llama.cpp's converter put row `hf_row` of a q/k weight in rotary layout with
-/// `rows` rows in `n_head` rotary heads (`rows % (2 * n_head) == 0`): per
-/// head, HF's (half, i) row order becomes (i, half).
-pub fn rotary_gguf_row(hf_row: usize, rows: usize, n_head: usize) -> usize {
-    let half = rows / n_head / 2;
-    let (h, s, i) = (hf_row / (2 * half), (hf_row % (2 * half)) / half, hf_row % half);
-    h * 2 * half + 2 * i + s
-}
-
 impl TensorSource for Gguf {
     fn names(&self) -> Vec<String> {
         self.hf_names.clone()
@@ -554,7 +545,7 @@ pub fn hf_name(gguf: &str) -> String {
     }
 }
 
-/// Per-layer tensor names, llama.cpp's and Hugging Face's, common to the
+/// Per-layer tensor names, GGUF's and Hugging Face's, common to the
 /// architectures.
 const LAYER_TENSORS: &[(&str, &str)] = &[
     ("attn_norm", "input_layernorm"),

@@ -4,7 +4,7 @@
 //! (i, half)); they are put back as transformers' GGUF loader does. Qwen3
 //! files (`qwen3`) use the common names and no rewrite.
 use crate::base::dtype::RawTensor;
-use crate::model::gguf::{rotary_gguf_row, Conventions, Gguf, Rewrite, Rewritten};
+use crate::model::gguf::{Conventions, Gguf, Rewrite, Rewritten};
 use crate::{Error, Result};
 
 /// The conventions of `llama` files.
@@ -37,6 +37,15 @@ impl Rewrite for Unpermute {
         let bytes = unpermute(&stored.shape, stored.bytes, self.heads).map_err(|msg| Error::format(gguf.name(), format!("{}: {msg}", self.gguf_name)))?;
         Ok(Rewritten { dtype: stored.dtype, shape: stored.shape.clone(), bytes })
     }
+}
+
+/// Where llama.cpp's converter put row `hf_row` of a q/k weight in rotary layout with
+/// `rows` rows in `n_head` rotary heads (`rows % (2 * n_head) == 0`): per
+/// head, HF's (half, i) row order becomes (i, half).
+pub fn rotary_gguf_row(hf_row: usize, rows: usize, n_head: usize) -> usize {
+    let half = rows / n_head / 2;
+    let (h, s, i) = (hf_row / (2 * half), (hf_row % (2 * half)) / half, hf_row % half);
+    h * 2 * half + 2 * i + s
 }
 
 /// The rows of a q/k weight of HF `shape` `[rows, cols]` back in Hugging
