@@ -176,7 +176,7 @@ impl Model {
         let positions: Vec<usize> = (state.pos..state.pos + t).collect();
         for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
             let mut e = Decode { c: &self.consts, layer, state: ls, positions: &positions };
-            x = layer_forward(&mut e, &self.consts, layer, &x)?;
+            x = layer_forward(&mut e, &self.consts, layer, x)?;
         }
         let mut normed = vec![0.0; x.len()];
         let mut rstd = vec![0.0; t];

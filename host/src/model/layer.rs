@@ -187,8 +187,10 @@ pub trait Exec {
     /// RMSNorm over rows of `w.len()` features (the residual stream, or
     /// each head).
     fn norm(&mut self, x: &Self::V, w: &Arc<Vec<f32>>) -> Result<Self::V>;
-    /// Rotary embedding of `heads` heads with the layer's frequencies.
-    fn rope(&mut self, x: &Self::V, heads: usize, window: Option<usize>) -> Result<Self::V>;
+    /// Rotary embedding of `heads` heads with the layer's frequencies. It
+    /// takes `x`: decoding rotates it in place; on the tape its value goes
+    /// (read by no backward: RoPE's rotates dY back), activation memory.
+    fn rope(&mut self, x: Self::V, heads: usize, window: Option<usize>) -> Result<Self::V>;
     /// Causal attention (decoding appends `k` and `v` to the layer's cache).
     fn attention(&mut self, q: &Self::V, k: &Self::V, v: &Self::V, window: Option<usize>) -> Result<Self::V>;
     /// The query half of q_proj's `[query | gate]` heads.
@@ -199,8 +201,8 @@ pub trait Exec {
     fn gdn(&mut self, qkv: &Self::V, z: &Self::V, b: &Self::V, a: &Self::V, w: &Arc<GdnWeights>) -> Result<Self::V>;
     /// `act(gate) * up`.
     fn gated(&mut self, gate: &Self::V, up: &Self::V, act: GateAct) -> Result<Self::V>;
-    /// `a + b`.
-    fn add(&mut self, a: &Self::V, b: &Self::V) -> Result<Self::V>;
+    /// `a + b`, taking `a` (decoding adds in place: the residual stream).
+    fn add(&mut self, a: Self::V, b: &Self::V) -> Result<Self::V>;
     /// `v` is read by no backward: its memory may go (the tape's hint).
     fn forget(&mut self, _v: &Self::V) {}
     /// `v` is cheap to rebuild in the backward: its memory may go.
@@ -208,8 +210,8 @@ pub trait Exec {
 }
 
 /// One decoder layer: `x: [rows, hidden] -> [rows, hidden]`.
-pub fn layer_forward<E: Exec>(e: &mut E, c: &Consts, layer: &Layer, x: &E::V) -> Result<E::V> {
-    let h = e.norm(x, &layer.input_norm)?;
+pub fn layer_forward<E: Exec>(e: &mut E, c: &Consts, layer: &Layer, x: E::V) -> Result<E::V> {
+    let h = e.norm(&x, &layer.input_norm)?;
     let o = match &layer.mixer {
         Mixer::Attention { qk_norm, gated, window } => attention(e, c, qk_norm.as_ref(), *gated, *window, h)?,
         Mixer::Gdn(w) => {
@@ -230,7 +232,7 @@ pub fn layer_forward<E: Exec>(e: &mut E, c: &Consts, layer: &Layer, x: &E::V) ->
     let d = e.lin(n - 1, &m)?;
     e.forget_recomputable(&m);
     let d = out_norm(e, d, layer.out_norms.as_ref().map(|n| &n.1))?;
-    let y = e.add(&x1, &d)?;
+    let y = e.add(x1, &d)?;
     e.forget(&d);
     Ok(y)
 }
@@ -252,11 +254,8 @@ fn attention<E: Exec>(e: &mut E, c: &Consts, qk_norm: Option<&NormPair>, gated: 
         Some((qn, kn)) => (e.norm(&q, qn)?, e.norm(&k, kn)?),
         None => (q, k),
     };
-    let (q_rot, k_rot) = (e.rope(&q, c.n_head, window)?, e.rope(&k, c.n_kv_head, window)?);
-    // Read by no backward (RoPE's rotates dY back): activation memory.
-    e.forget(&q);
-    e.forget(&k);
-    let a = e.attention(&q_rot, &k_rot, &v, window)?;
+    let (q, k) = (e.rope(q, c.n_head, window)?, e.rope(k, c.n_kv_head, window)?);
+    let a = e.attention(&q, &k, &v, window)?;
     let a = match &gate {
         Some(q_full) => e.output_gate(&a, q_full)?,
         None => a,
@@ -316,10 +315,9 @@ impl Exec for Decode<'_> {
         Ok(y)
     }
 
-    fn rope(&mut self, x: &Vec<f32>, heads: usize, window: Option<usize>) -> Result<Vec<f32>> {
-        let mut y = x.clone();
-        rope_forward(&mut y, self.positions, heads, self.c.head_dim, self.c.inv_freq(window));
-        Ok(y)
+    fn rope(&mut self, mut x: Vec<f32>, heads: usize, window: Option<usize>) -> Result<Vec<f32>> {
+        rope_forward(&mut x, self.positions, heads, self.c.head_dim, self.c.inv_freq(window));
+        Ok(x)
     }
 
     fn attention(&mut self, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>, window: Option<usize>) -> Result<Vec<f32>> {
@@ -363,8 +361,9 @@ impl Exec for Decode<'_> {
         Ok(y)
     }
 
-    fn add(&mut self, a: &Vec<f32>, b: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(a.iter().zip(b).map(|(a, b)| a + b).collect())
+    fn add(&mut self, mut a: Vec<f32>, b: &Vec<f32>) -> Result<Vec<f32>> {
+        a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        Ok(a)
     }
 }
 
@@ -417,8 +416,10 @@ impl Exec for Record<'_> {
         self.tape.rms_norm(*x, w, self.c.norm, self.c.eps)
     }
 
-    fn rope(&mut self, x: &Var, heads: usize, window: Option<usize>) -> Result<Var> {
-        self.tape.rope(*x, self.positions, heads, self.c.head_dim, self.c.inv_freq(window))
+    fn rope(&mut self, x: Var, heads: usize, window: Option<usize>) -> Result<Var> {
+        let y = self.tape.rope(x, self.positions, heads, self.c.head_dim, self.c.inv_freq(window))?;
+        self.tape.forget(x);
+        Ok(y)
     }
 
     fn attention(&mut self, q: &Var, k: &Var, v: &Var, window: Option<usize>) -> Result<Var> {
@@ -446,8 +447,8 @@ impl Exec for Record<'_> {
         }
     }
 
-    fn add(&mut self, a: &Var, b: &Var) -> Result<Var> {
-        self.tape.add(*a, *b)
+    fn add(&mut self, a: Var, b: &Var) -> Result<Var> {
+        self.tape.add(a, *b)
     }
 
     fn forget(&mut self, v: &Var) {
@@ -510,11 +511,11 @@ mod tests {
         let positions: Vec<usize> = (0..t).collect();
         let mut whole_state = LayerState::Kv(KvCache::default());
         let mut e = Decode { c: &c, layer: &layer, state: &mut whole_state, positions: &positions };
-        let whole = layer_forward(&mut e, &c, &layer, &x).unwrap();
+        let whole = layer_forward(&mut e, &c, &layer, x.clone()).unwrap();
         let mut state = LayerState::Kv(KvCache::default());
         for p in 0..t {
             let mut e = Decode { c: &c, layer: &layer, state: &mut state, positions: &positions[p..p + 1] };
-            let y = layer_forward(&mut e, &c, &layer, &x[p * h..(p + 1) * h].to_vec()).unwrap();
+            let y = layer_forward(&mut e, &c, &layer, x[p * h..(p + 1) * h].to_vec()).unwrap();
             for (a, b) in y.iter().zip(&whole[p * h..(p + 1) * h]) {
                 assert!((a - b).abs() < 1e-5, "token {p}: {a} vs {b}");
             }

@@ -220,7 +220,7 @@ fn layer_segment(shared: Arc<Shared>, l: usize, names: Vec<Option<usize>>, lora:
         let (c, layer) = (&shared.consts, &shared.layers[l]);
         // Dropout streams `l * 7 + i`: seven projections a layer.
         let mut e = Record { tape, c, layer, params, names: &names, lora, stream: (l, 7), unfused, positions: &positions, seq, causal };
-        layer_forward(&mut e, c, layer, &x)
+        layer_forward(&mut e, c, layer, x)
     })
 }
 

@@ -118,7 +118,7 @@ impl TrainableModel for Qwen35Graph {
                 // Each adapted projection records its frozen product, then its
                 // branch; dropout streams `l * 8 + i`.
                 let mut e = Record { tape, c, layer, params, names: &names, lora, stream: (l, 8), unfused: true, positions: &positions, seq, causal };
-                layer_forward(&mut e, c, layer, &x)
+                layer_forward(&mut e, c, layer, x)
             });
             let recompute = recompute_layers.get(l).copied().unwrap_or(false);
             x = tape.segment(&f, x, &params, recompute)?;
