@@ -86,13 +86,7 @@ pub fn gdn_decode(w: &GdnWeights, qkv: &[f32], z: &[f32], b: &[f32], a: &[f32], 
     let mut mixed = vec![0.0; conv.len()];
     silu_forward(&mut mixed, &conv);
 
-    // rows of `mixed` are [q | k | v]
-    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-    for row in mixed.chunks_exact(conv_dim) {
-        q.extend_from_slice(&row[..key_dim]);
-        k.extend_from_slice(&row[key_dim..2 * key_dim]);
-        v.extend_from_slice(&row[2 * key_dim..]);
-    }
+    let (mut q, mut k, v) = split_qkv(&mixed, key_dim, conv_dim);
     let mut rnorm = vec![0.0; tokens * d.n_k_head];
     let (q_raw, k_raw) = (q.clone(), k.clone());
     l2norm_forward(&mut q, &mut rnorm, &q_raw, d.k_dim, L2NORM_EPS);
@@ -108,4 +102,16 @@ pub fn gdn_decode(w: &GdnWeights, qkv: &[f32], z: &[f32], b: &[f32], a: &[f32], 
     let mut rstd = vec![0.0; tokens * d.n_v_head];
     gated_rmsnorm_forward(&mut normed, &mut rstd, &o, z, &w.norm_weight, w.eps);
     normed
+}
+
+/// The q, k and v parts of the conv's output rows `[q | k | v]`
+/// (`[tokens, conv_dim]`, q and k `key_dim` wide each).
+pub(crate) fn split_qkv(mixed: &[f32], key_dim: usize, conv_dim: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for row in mixed.chunks_exact(conv_dim) {
+        q.extend_from_slice(&row[..key_dim]);
+        k.extend_from_slice(&row[key_dim..2 * key_dim]);
+        v.extend_from_slice(&row[2 * key_dim..]);
+    }
+    (q, k, v)
 }

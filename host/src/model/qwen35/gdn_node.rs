@@ -77,12 +77,7 @@ fn prepare(w: &GdnWeights, qkv: &[f32], b: &[f32], a: &[f32]) -> Prepared {
     conv1d_causal_forward(&mut conv, qkv, &zeros, &w.conv_weight, conv_dim);
     let mut mixed = vec![0.0; conv.len()];
     silu_forward(&mut mixed, &conv);
-    let (mut q_raw, mut k_raw, mut v) = (Vec::new(), Vec::new(), Vec::new());
-    for row in mixed.chunks_exact(conv_dim) {
-        q_raw.extend_from_slice(&row[..key_dim]);
-        k_raw.extend_from_slice(&row[key_dim..2 * key_dim]);
-        v.extend_from_slice(&row[2 * key_dim..]);
-    }
+    let (q_raw, k_raw, v) = super::gdn::split_qkv(&mixed, key_dim, conv_dim);
     let (mut q, mut k) = (vec![0.0; q_raw.len()], vec![0.0; k_raw.len()]);
     let (mut rq, mut rk) = (vec![0.0; tokens * d.n_k_head], vec![0.0; tokens * d.n_k_head]);
     l2norm_forward(&mut q, &mut rq, &q_raw, d.k_dim, L2NORM_EPS);
