@@ -342,9 +342,13 @@ impl Exec for Decode<'_> {
     }
 
     fn output_gate(&mut self, a: &Vec<f32>, q_full: &Vec<f32>) -> Result<Vec<f32>> {
+        // The gate is the second half of each head of q_full: read in place.
         let hd = self.c.head_dim;
-        let (_, gate) = split_query_gate(q_full, q_full.len() / (2 * hd), hd);
-        Ok(a.iter().zip(&gate).map(|(&o, &g)| o * sigmoid(g)).collect())
+        let mut y = a.clone();
+        for (o, full) in y.chunks_exact_mut(hd).zip(q_full.chunks_exact(2 * hd)) {
+            o.iter_mut().zip(&full[hd..]).for_each(|(o, &g)| *o *= sigmoid(g));
+        }
+        Ok(y)
     }
 
     fn gdn(&mut self, qkv: &Vec<f32>, z: &Vec<f32>, b: &Vec<f32>, a: &Vec<f32>, w: &Arc<GdnWeights>) -> Result<Vec<f32>> {
