@@ -53,15 +53,9 @@ impl KvCache {
     }
 }
 
-/// Splits q_proj's `[rows, 2 * hd]` (query then gate within each head) into
-/// query `[rows, hd]` and gate `[rows, hd]`.
-pub(crate) fn split_query_gate(q_full: &[f32], rows: usize, hd: usize) -> (Vec<f32>, Vec<f32>) {
-    let mut q = Vec::with_capacity(rows * hd);
-    let mut gate = Vec::with_capacity(rows * hd);
-    for r in q_full.chunks_exact(2 * hd) {
-        q.extend_from_slice(&r[..hd]);
-        gate.extend_from_slice(&r[hd..]);
-    }
-    debug_assert_eq!(q.len(), rows * hd);
-    (q, gate)
+/// The query half of q_proj's `[rows, 2 * hd]` (each head holds its query,
+/// then its gate): `[rows, hd]`. The gate half is read in place by the
+/// output gate.
+pub(crate) fn query_half(q_full: &[f32], hd: usize) -> Vec<f32> {
+    q_full.chunks_exact(2 * hd).flat_map(|h| h[..hd].iter().copied()).collect()
 }

@@ -26,7 +26,7 @@
 //! adapter slot's branch when decoding (`lora::slots`).
 use crate::autograd::{Tape, Var};
 use crate::base::counter_rng;
-use crate::model::blocks::{project, split_query_gate, GateAct, KvCache};
+use crate::model::blocks::{project, query_half, GateAct, KvCache};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::{Descriptor, LayerDesc};
@@ -337,8 +337,7 @@ impl Exec for Decode<'_> {
     }
 
     fn query_of(&mut self, q_full: &Vec<f32>) -> Result<Vec<f32>> {
-        let hd = self.c.head_dim;
-        Ok(split_query_gate(q_full, q_full.len() / (2 * hd), hd).0)
+        Ok(query_half(q_full, self.c.head_dim))
     }
 
     fn output_gate(&mut self, a: &Vec<f32>, q_full: &Vec<f32>) -> Result<Vec<f32>> {

@@ -19,6 +19,7 @@
 //! kept per layer is the checkpoints and `o`, not one state per token.
 use super::L2NORM_EPS;
 use crate::autograd::{CustomNode, Tape, Var};
+use crate::model::blocks::query_half;
 use crate::ops::activation::{sigmoid, silu_forward};
 use crate::ops::gdn::{
     conv1d_causal_backward, conv1d_causal_forward, delta_rule_backward, delta_rule_forward_checkpointed, gated_rmsnorm_backward,
@@ -244,8 +245,7 @@ impl Tape {
         if head_dim == 0 || !f.last_dim().is_multiple_of(2 * head_dim) {
             return Err(Error::Shape { what: "query_of input".into(), expected: vec![2 * head_dim], got: f.shape.clone() });
         }
-        let data: Vec<f32> = f.data.chunks_exact(2 * head_dim).flat_map(|h| h[..head_dim].iter().copied()).collect();
-        let y = Tensor::from_vec(&[f.rows(), f.last_dim() / 2], data)?;
+        let y = Tensor::from_vec(&[f.rows(), f.last_dim() / 2], query_half(&f.data, head_dim))?;
         Ok(self.push_custom(Box::new(Qwen35Node::QueryOf { head_dim }), &[q_full], y))
     }
 
