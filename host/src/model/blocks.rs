@@ -4,6 +4,7 @@
 //! forward itself is [`crate::model::layer`]'s, one for decoding and
 //! training.
 use crate::model::source::TensorSource;
+use crate::ops::activation::sigmoid;
 use crate::projection::{Direction, Projection};
 use crate::Result;
 
@@ -54,8 +55,19 @@ impl KvCache {
 }
 
 /// The query half of q_proj's `[rows, 2 * hd]` (each head holds its query,
-/// then its gate): `[rows, hd]`. The gate half is read in place by the
-/// output gate.
+/// then its gate): `[rows, hd]`. The gate half is read in place by
+/// [`output_gate_forward`].
 pub(crate) fn query_half(q_full: &[f32], hd: usize) -> Vec<f32> {
     q_full.chunks_exact(2 * hd).flat_map(|h| h[..hd].iter().copied()).collect()
+}
+
+/// `attn * sigmoid(gate)` head by head: `attn: [rows, heads * hd]`, the gate
+/// the second half of each head of `q_full: [rows, heads * 2 * hd]` (the
+/// backward is the tape node's, `qwen35::gdn_node`).
+pub(crate) fn output_gate_forward(attn: &[f32], q_full: &[f32], hd: usize) -> Vec<f32> {
+    let mut y = attn.to_vec();
+    for (o, full) in y.chunks_exact_mut(hd).zip(q_full.chunks_exact(2 * hd)) {
+        o.iter_mut().zip(&full[hd..]).for_each(|(o, &g)| *o *= sigmoid(g));
+    }
+    y
 }

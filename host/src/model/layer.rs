@@ -26,13 +26,12 @@
 //! adapter slot's branch when decoding (`lora::slots`).
 use crate::autograd::{Tape, Var};
 use crate::base::counter_rng;
-use crate::model::blocks::{project, query_half, GateAct, KvCache};
+use crate::model::blocks::{output_gate_forward, project, query_half, GateAct, KvCache};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::decoder::ProjectionFactory;
 use crate::model::descriptor::{Descriptor, LayerDesc};
 use crate::model::qwen35::gdn::{gdn_decode, GdnState, GdnWeights};
 use crate::model::source::TensorSource;
-use crate::ops::activation::sigmoid;
 use crate::ops::attention::{attention_forward_window, AttnDims, Products};
 use crate::ops::geglu::geglu_forward;
 use crate::ops::rmsnorm::{rmsnorm_forward, NormWeight};
@@ -341,13 +340,7 @@ impl Exec for Decode<'_> {
     }
 
     fn output_gate(&mut self, a: &Vec<f32>, q_full: &Vec<f32>) -> Result<Vec<f32>> {
-        // The gate is the second half of each head of q_full: read in place.
-        let hd = self.c.head_dim;
-        let mut y = a.clone();
-        for (o, full) in y.chunks_exact_mut(hd).zip(q_full.chunks_exact(2 * hd)) {
-            o.iter_mut().zip(&full[hd..]).for_each(|(o, &g)| *o *= sigmoid(g));
-        }
-        Ok(y)
+        Ok(output_gate_forward(a, q_full, self.c.head_dim))
     }
 
     fn gdn(&mut self, qkv: &Vec<f32>, z: &Vec<f32>, b: &Vec<f32>, a: &Vec<f32>, w: &Arc<GdnWeights>) -> Result<Vec<f32>> {

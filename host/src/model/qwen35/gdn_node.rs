@@ -19,7 +19,7 @@
 //! kept per layer is the checkpoints and `o`, not one state per token.
 use super::L2NORM_EPS;
 use crate::autograd::{CustomNode, Tape, Var};
-use crate::model::blocks::query_half;
+use crate::model::blocks::{output_gate_forward, query_half};
 use crate::ops::activation::{sigmoid, silu_forward};
 use crate::ops::gdn::{
     conv1d_causal_backward, conv1d_causal_forward, delta_rule_backward, delta_rule_forward_checkpointed, gated_rmsnorm_backward,
@@ -257,10 +257,7 @@ impl Tape {
         if head_dim == 0 || x.len() * 2 != f.len() || !x.len().is_multiple_of(head_dim) {
             return Err(Error::Shape { what: "output_gate attn / q_full".into(), expected: vec![2 * x.len()], got: f.shape.clone() });
         }
-        let mut y = x.clone();
-        for (o, full) in y.data.chunks_exact_mut(head_dim).zip(f.data.chunks_exact(2 * head_dim)) {
-            o.iter_mut().zip(&full[head_dim..]).for_each(|(o, &g)| *o *= sigmoid(g));
-        }
+        let y = Tensor::from_vec(&x.shape, output_gate_forward(&x.data, &f.data, head_dim))?;
         Ok(self.push_custom(Box::new(Qwen35Node::OutputGate { head_dim }), &[attn, q_full], y))
     }
 }
