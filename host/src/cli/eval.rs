@@ -158,6 +158,12 @@ struct ModelArgs {
     /// extrapolates away from it. Finite and >= 0.
     #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     hypernet_strength: f32,
+    /// PEFT adapter the user's part of the synthesized LoRA is added to
+    /// (`--method hypernet`), each question then asked after the user's
+    /// `--icl-k` most similar profile items: the network on top of a
+    /// `metaicl-lora` adapter.
+    #[arg(long)]
+    hypernet_over: Option<PathBuf>,
 }
 
 /// The method named `name`: a model-free baseline, or a model-backed
@@ -171,7 +177,11 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
         let path = m.model.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --model"))?;
         let dir = m.hypernet.as_ref().ok_or_else(|| anyhow::anyhow!("method {name:?} needs --hypernet DIR"))?;
         let model = Arc::new(EvalModel::open(path)?);
-        return Ok(Box::new(hyper_eval::HypernetMethod::open(model, path, dir, m.max_prompt_chars)?.with_label_score(m.label_score.into()).with_strength(m.hypernet_strength)));
+        let method = hyper_eval::HypernetMethod::open(model, path, dir, m.max_prompt_chars)?.with_label_score(m.label_score.into()).with_strength(m.hypernet_strength);
+        return Ok(Box::new(match &m.hypernet_over {
+            Some(base) => method.over(base, m.icl_k)?,
+            None => method,
+        }));
     }
     let known = || format!("{}, {}, {}", baselines::NAMES.join(", "), model_methods::NAMES.join(", "), hyper_eval::NAME);
     anyhow::ensure!(model_methods::NAMES.contains(&name), "unknown method {name:?}; available: {}", known());
@@ -179,7 +189,7 @@ fn method_by_name(name: &str, args: &Args, task: &str) -> anyhow::Result<Box<dyn
     if name != "user-lora" {
         super::args::warn_ignored(&format!("only user-lora runs on the DSP, not {name}"), &[("--precision", m.precision != super::args::DEFAULT_PRECISION)]);
     }
-    super::args::warn_ignored(&format!("only the hypernet method synthesizes, not {name}"), &[("--hypernet", m.hypernet.is_some()), ("--hypernet-strength", m.hypernet_strength != 1.0)]);
+    super::args::warn_ignored(&format!("only the hypernet method synthesizes, not {name}"), &[("--hypernet", m.hypernet.is_some()), ("--hypernet-strength", m.hypernet_strength != 1.0), ("--hypernet-over", m.hypernet_over.is_some())]);
     let model = Arc::new(EvalModel::open(path)?);
     let positions = model.model.config.max_position_embeddings;
     for (flag, v) in [("--max-len", m.max_len), ("--max-new-tokens", args.max_new_tokens)] {

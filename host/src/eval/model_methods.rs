@@ -185,6 +185,26 @@ pub fn item_prompt(spec: &TaskSpec, input: &str) -> String {
     }
 }
 
+/// The ICL turns for `input`: the `k` profile items of `user` (but `skip`)
+/// sharing the most ROUGE-1 with it, most similar last, each prompt cut at
+/// `max_chars` (what `icl` and `metaicl-lora` put before the question).
+pub fn icl_turns(rouge: &Rouge, spec: &TaskSpec, user: &User, input: &str, skip: Option<&str>, k: usize, max_chars: usize) -> Vec<Message> {
+    let mut scored: Vec<(f64, &ProfileItem)> = user
+        .profile
+        .iter()
+        .filter(|p| Some(p.id.as_str()) != skip)
+        .map(|p| (rouge.score(&p.pair(spec).0, input).rouge1, p))
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    let mut turns = Vec::new();
+    for (_, item) in scored.into_iter().take(k).rev() {
+        let (input, output) = item.pair(spec);
+        turns.push(Message::new("user", &cut(&item_prompt(spec, &input), max_chars)));
+        turns.push(Message::new("assistant", &output));
+    }
+    turns
+}
+
 /// `text` cut to at most `max` characters.
 fn cut(text: &str, max: usize) -> String {
     text.chars().take(max).collect()
@@ -283,20 +303,7 @@ impl ModelMethod {
     /// The ICL turns for `input`: the k profile items of `user` (but
     /// `skip`) sharing the most ROUGE-1 with it, most similar last.
     fn icl_prefix(&self, spec: &TaskSpec, user: &User, input: &str, skip: Option<&str>) -> Vec<Message> {
-        let mut scored: Vec<(f64, &ProfileItem)> = user
-            .profile
-            .iter()
-            .filter(|p| Some(p.id.as_str()) != skip)
-            .map(|p| (self.rouge.score(&p.pair(spec).0, input).rouge1, p))
-            .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
-        let mut turns = Vec::new();
-        for (_, item) in scored.into_iter().take(self.cfg.icl_k).rev() {
-            let (input, output) = item.pair(spec);
-            turns.push(Message::new("user", &cut(&item_prompt(spec, &input), self.cfg.max_prompt_chars)));
-            turns.push(Message::new("assistant", &output));
-        }
-        turns
+        icl_turns(&self.rouge, spec, user, input, skip, self.cfg.icl_k, self.cfg.max_prompt_chars)
     }
 
     /// A common-LoRA training example: `input` (already in prompt form)

@@ -142,6 +142,13 @@ impl HyperNet {
         Ok(self.heads.to_adapter(outs, self.config.out_lora()))
     }
 
+    /// The LoRA every user shares: what the heads emit at strength 0 (their
+    /// output biases, whatever the embedding).
+    pub fn common(&self) -> Result<Adapter> {
+        let (outs, _) = self.heads.forward_with_strength(&vec![0.0; self.heads.embed_dim], 0.0)?;
+        Ok(self.heads.to_adapter(outs, self.config.out_lora()))
+    }
+
     /// Writes `dir/hypernet.json` and `dir/hypernet.safetensors` (f32) atomically.
     pub fn save(&self, dir: &Path) -> Result<()> {
         self.save_as(dir, WeightsDtype::F32)

@@ -159,6 +159,48 @@ impl Adapter {
         Ok(())
     }
 
+    /// One adapter whose update is `sum_i w_i * scaling_i * B_i A_i` over
+    /// `parts = [(adapter_i, w_i)]`: the factors stacked along the rank
+    /// (`A = [A_1; A_2; ..]`, `B = [w_1 s_1 B_1, w_2 s_2 B_2, ..]`) with
+    /// scaling 1 (`alpha = r`, no rsLoRA). Task arithmetic in weight space
+    /// without forming any `out x in` matrix; every part must adapt the same
+    /// projections with the same shapes.
+    pub fn stack(parts: &[(&Adapter, f32)]) -> Result<Adapter> {
+        let Some(((first, _), rest)) = parts.split_first() else { return Err(Error::invalid("adapter stack", "no adapters to stack")) };
+        let r: usize = parts.iter().map(|(a, _)| a.config.r).sum();
+        let names = |x: &Adapter| x.modules.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+        if let Some(k) = rest.iter().position(|(a, _)| names(a) != names(first)) {
+            return Err(Error::invalid("adapter stack", format!("part {} adapts other projections than part 0", k + 1)));
+        }
+        if let Some((k, (_, w))) = parts.iter().enumerate().find(|(_, (_, w))| !w.is_finite()) {
+            return Err(Error::invalid("adapter stack", format!("weight {w} of part {k} is not finite")));
+        }
+        let mut modules = Vec::with_capacity(first.modules.len());
+        for (j, m0) in first.modules.iter().enumerate() {
+            let (out_f, in_f) = (m0.b.shape[0], m0.a.shape[1]);
+            let (mut a, mut b) = (Vec::with_capacity(r * in_f), vec![0f32; out_f * r]);
+            let mut col = 0;
+            for (ad, w) in parts {
+                let m = &ad.modules[j];
+                let ri = ad.config.r;
+                if m.a.shape != [ri, in_f] || m.b.shape != [out_f, ri] {
+                    return Err(Error::Shape { what: format!("stacked adapter factors of {}", m.name), expected: vec![ri, in_f, out_f, ri], got: [m.a.shape.clone(), m.b.shape.clone()].concat() });
+                }
+                a.extend_from_slice(&m.a.data);
+                let s = w * ad.config.scaling();
+                for o in 0..out_f {
+                    for c in 0..ri {
+                        b[o * r + col + c] = s * m.b.data[o * ri + c];
+                    }
+                }
+                col += ri;
+            }
+            modules.push(LoraModule { name: m0.name.clone(), a: Tensor { shape: vec![r, in_f], data: a }, b: Tensor { shape: vec![out_f, r], data: b } });
+        }
+        let config = LoraConfig { r, alpha: r as f32, use_rslora: false, dropout: 0.0, ..first.config.clone() };
+        Ok(Adapter { config, modules })
+    }
+
     /// Puts the modules in layer order (numerically), then by name.
     pub fn sort_modules(&mut self) {
         self.modules.sort_by_key(|m| module_order(&m.name));
@@ -219,6 +261,46 @@ mod tests {
         assert_eq!(back, ad);
         assert_eq!(back.modules[1].name, "model.layers.10.self_attn.q_proj");
         assert_eq!(back.config.scaling(), 2.0);
+    }
+
+    /// `scaling * B A` of module `j` in f64, `[out, in]` row-major.
+    fn delta_f64(ad: &Adapter, j: usize) -> Vec<f64> {
+        let m = &ad.modules[j];
+        let (r, o, i) = (ad.config.r, m.b.shape[0], m.a.shape[1]);
+        let mut d = vec![0f64; o * i];
+        for (row, dr) in d.chunks_exact_mut(i).enumerate() {
+            for c in 0..r {
+                let bv = m.b.data[row * r + c] as f64;
+                for (x, av) in dr.iter_mut().zip(&m.a.data[c * i..(c + 1) * i]) {
+                    *x += ad.config.scaling() as f64 * bv * *av as f64;
+                }
+            }
+        }
+        d
+    }
+
+    #[test]
+    fn stack_adds_the_weighted_updates_of_its_parts() {
+        let filled = |seed: u64, r: usize, alpha: f32| {
+            let mut ad = Adapter::init(LoraConfig { r, alpha, ..config() }, &projections(), seed).unwrap();
+            for (k, m) in ad.modules.iter_mut().enumerate() {
+                m.b.data.iter_mut().enumerate().for_each(|(n, v)| *v = ((n * 7 + k * 3 + seed as usize) % 11) as f32 / 11.0 - 0.5);
+            }
+            ad
+        };
+        let (x, y, z) = (filled(1, 2, 4.0), filled(2, 3, 3.0), filled(3, 2, 16.0));
+        let sum = Adapter::stack(&[(&x, 1.0), (&y, 0.5), (&z, -1.0)]).unwrap();
+        assert_eq!((sum.config.r, sum.config.scaling()), (7, 1.0));
+        for j in 0..x.modules.len() {
+            let want: Vec<f64> = (0..delta_f64(&x, j).len()).map(|n| delta_f64(&x, j)[n] + 0.5 * delta_f64(&y, j)[n] - delta_f64(&z, j)[n]).collect();
+            for (g, w) in delta_f64(&sum, j).iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+            }
+        }
+        let mut other = x.clone();
+        other.modules.pop();
+        assert!(Adapter::stack(&[(&x, 1.0), (&other, 1.0)]).unwrap_err().to_string().contains("part 1 adapts other projections"));
+        assert!(Adapter::stack(&[]).is_err());
     }
 
     #[test]
