@@ -164,24 +164,24 @@ impl Adapter {
     /// (`A = [A_1; A_2; ..]`, `B = [w_1 s_1 B_1, w_2 s_2 B_2, ..]`) with
     /// scaling 1 (`alpha = r`, no rsLoRA). Task arithmetic in weight space
     /// without forming any `out x in` matrix; every part must adapt the same
-    /// projections with the same shapes.
+    /// projections (in any order) with the same shapes.
     pub fn stack(parts: &[(&Adapter, f32)]) -> Result<Adapter> {
         let Some(((first, _), rest)) = parts.split_first() else { return Err(Error::invalid("adapter stack", "no adapters to stack")) };
         let r: usize = parts.iter().map(|(a, _)| a.config.r).sum();
-        let names = |x: &Adapter| x.modules.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
-        if let Some(k) = rest.iter().position(|(a, _)| names(a) != names(first)) {
+        let names = |x: &Adapter| x.modules.iter().map(|m| m.name.clone()).collect::<std::collections::BTreeSet<_>>();
+        if let Some(k) = rest.iter().position(|(a, _)| a.modules.len() != first.modules.len() || names(a) != names(first)) {
             return Err(Error::invalid("adapter stack", format!("part {} adapts other projections than part 0", k + 1)));
         }
         if let Some((k, (_, w))) = parts.iter().enumerate().find(|(_, (_, w))| !w.is_finite()) {
             return Err(Error::invalid("adapter stack", format!("weight {w} of part {k} is not finite")));
         }
         let mut modules = Vec::with_capacity(first.modules.len());
-        for (j, m0) in first.modules.iter().enumerate() {
+        for m0 in &first.modules {
             let (out_f, in_f) = (m0.b.shape[0], m0.a.shape[1]);
             let (mut a, mut b) = (Vec::with_capacity(r * in_f), vec![0f32; out_f * r]);
             let mut col = 0;
             for (ad, w) in parts {
-                let m = &ad.modules[j];
+                let m = ad.module(&m0.name).expect("same projection names, checked above");
                 let ri = ad.config.r;
                 if m.a.shape != [ri, in_f] || m.b.shape != [out_f, ri] {
                     return Err(Error::Shape { what: format!("stacked adapter factors of {}", m.name), expected: vec![ri, in_f, out_f, ri], got: [m.a.shape.clone(), m.b.shape.clone()].concat() });
@@ -297,6 +297,9 @@ mod tests {
                 assert!((g - w).abs() < 1e-5, "{g} vs {w}");
             }
         }
+        let mut reversed = y.clone();
+        reversed.modules.reverse();
+        assert_eq!(Adapter::stack(&[(&x, 1.0), (&reversed, 0.5), (&z, -1.0)]).unwrap(), sum);
         let mut other = x.clone();
         other.modules.pop();
         assert!(Adapter::stack(&[(&x, 1.0), (&other, 1.0)]).unwrap_err().to_string().contains("part 1 adapts other projections"));
