@@ -236,11 +236,10 @@ impl ModelConfig {
         let (text, prefix) = reader.hf_text(json)?;
         let mut cfg = Self::common_from_json(text, arch, prefix)?;
         reader.read_hf_config(text, &mut cfg)?;
-        if !std::ptr::eq(text, json) {
-            // A multimodal wrapper carries the tying flag at the top.
-            if let Some(t) = json.get("tie_word_embeddings").and_then(Value::as_bool) {
-                cfg.tie_word_embeddings = t;
-            }
+        // The top level's tying flag decides: a multimodal wrapper carries it
+        // there, and for a plain text config it is the field just read.
+        if let Some(t) = json.get("tie_word_embeddings").and_then(Value::as_bool) {
+            cfg.tie_word_embeddings = t;
         }
         cfg.validate()?;
         Ok(cfg)
