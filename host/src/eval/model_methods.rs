@@ -206,7 +206,7 @@ pub fn icl_turns(rouge: &Rouge, spec: &TaskSpec, user: &User, input: &str, skip:
 }
 
 /// `text` cut to at most `max` characters.
-fn cut(text: &str, max: usize) -> String {
+pub(crate) fn cut(text: &str, max: usize) -> String {
     text.chars().take(max).collect()
 }
 

@@ -17,7 +17,7 @@ use super::users::{profile_pairs, render_context, Context, Pair};
 use super::HyperNet;
 use crate::eval::dataset::{Query, Split, User};
 use crate::eval::method::{Decoding, Method, UserPrep};
-use crate::eval::model_methods::{answer, classify, icl_turns};
+use crate::eval::model_methods::{answer, classify, cut, icl_turns};
 use crate::eval::rouge::Rouge;
 use crate::eval::model_runtime::{EvalModel, LabelScore};
 use crate::eval::task::TaskSpec;
@@ -60,11 +60,6 @@ struct Over {
     common: Adapter,
     icl_k: usize,
     rouge: Rouge,
-}
-
-/// `text` cut to at most `max` characters (as the other methods cut prompts).
-fn cut(text: &str, max: usize) -> String {
-    text.chars().take(max).collect()
 }
 
 impl HypernetMethod {
