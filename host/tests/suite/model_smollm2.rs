@@ -69,7 +69,10 @@ fn smollm2_greedy_matches_transformers() {
     let model = Model::open(&path).unwrap();
     let bytes = expected();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    for i in 0..3 {
+    // Under qemu (ci/aarch64-test.sh sets 1) one prompt's 32 tokens cover
+    // the decoding kernels; the other two cost ~250 s of emulation there.
+    let prompts: usize = std::env::var("HEXLORA_GREEDY_PROMPTS").map_or(3, |v| v.parse().expect("HEXLORA_GREEDY_PROMPTS: a count"));
+    for i in 0..prompts.min(3) {
         let prompt = ids(&st, &format!("prompt{i}.input_ids"));
         let want_tokens = ids(&st, &format!("prompt{i}.greedy"));
         let margins = floats(&st, &format!("prompt{i}.greedy_margins"));
