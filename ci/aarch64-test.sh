@@ -66,20 +66,63 @@ for name in $left_out; do
 done
 [[ ${HEXLORA_AARCH64_SLOW:-} == 1 ]] || skips+=(--skip "eval_cli::sigterm_stops_between_users")
 
+# Failed tests of a cargo test log (the list after the last `failures:`),
+# when every one failed with EFAULT (os error 14, "Bad address"); else
+# nothing. qemu-user can return EFAULT for a read into a valid buffer while
+# another guest thread maps or unmaps memory (reported against qemu by
+# wasmtime, bytecodealliance/wasmtime#10000): seen here once, in
+# eval_bench::mail_subject reading the spam-assassin files while other
+# tests ran (qemu 10.0.2, Intel Xeon model 207, 2026-12-07); that test
+# passes alone.
+efault_only() {
+    awk '
+        /^---- .* stdout ----$/ { name = $2; next }
+        name != "" && /(os error 14|code: 14,|Bad address)/ { efault[name] = 1 }
+        /^failures:$/ { n = 0; listing = 1; name = ""; next }
+        listing && /^    [^ ]/ { failed[++n] = $1; next }
+        listing && /^$/ && n { listing = 0 }
+        END { for (i = 1; i <= n; i++) if (!(failed[i] in efault)) exit 1
+              for (i = 1; i <= n; i++) print failed[i] }' "$1"
+}
+
 run_under() {
     local cpu=$1; shift
     local runner="qemu-aarch64 -cpu $cpu"
-    local log rc=0
+    local log rc=0 cargo_args=() rerun_log rerun
     # -cpu max has FEAT_BF16: the BFMMLA kernel test must run, not skip.
     local test_env=()
     [[ $cpu == max ]] && test_env=(HEXLORA_REQUIRE_BF16=1)
     # SmolLM2's greedy text on one of its three prompts (376 s for all
     # three under -cpu max on Intel Xeon model 207; the three run natively).
     test_env+=(HEXLORA_GREEDY_PROMPTS=1)
+    for a in "$@"; do [[ $a == -- ]] && break; cargo_args+=("$a"); done
     log=$(mktemp)
     echo "== host tests under $runner"
-    env "${test_env[@]}" CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUNNER="$runner" HEXLORA_TEST_RUNNER="$runner" \
-        cargo test --release -p hexlora -Zbuild-std=std,panic_unwind --target "$target" "$@" >"$log" 2>&1 || rc=$?
+    run_cargo() {
+        env "${test_env[@]}" CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUNNER="$runner" HEXLORA_TEST_RUNNER="$runner" \
+            cargo test --release -p hexlora -Zbuild-std=std,panic_unwind --target "$target" "$@"
+    }
+    run_cargo "$@" >"$log" 2>&1 || rc=$?
+    rerun=$( ((rc)) && efault_only "$log" || true)
+    if [[ -n $rerun ]]; then
+        # Only qemu's EFAULT: those tests once more, alone. The parallel
+        # run's line is kept but not counted (ci/stages.sh counts lines that
+        # start with `test result:`); its passes are counted by the plain
+        # `parallel-run:` line, the reruns by their own result line.
+        echo "qemu EFAULT (os error 14) in the parallel run; rerunning alone:" $rerun
+        rerun_log=$(mktemp)
+        if run_cargo "${cargo_args[@]}" -- --exact --test-threads 1 $rerun >"$rerun_log" 2>&1; then
+            rc=0
+            sed -nE 's/^test result: FAILED\. ([0-9]+) passed; ([0-9]+) failed.*/parallel-run: \1 passed, 0 failed (\2 more failed there with EFAULT; rerun below)/p' "$log"
+            grep -E '^test result' "$log" | sed 's/^/  parallel run, not counted: /'
+            grep -E '^test result|^ *Running ' "$rerun_log"
+            rm -f "$log" "$rerun_log"
+            return 0
+        fi
+        echo "the rerun alone failed too:"
+        grep -E -A40 '^failures:$' "$rerun_log" | head -120 || tail -40 "$rerun_log"
+        rm -f "$rerun_log"
+    fi
     if ((rc)); then
         grep -E -A40 '^failures:$' "$log" | head -120 || tail -40 "$log"
     fi
