@@ -85,6 +85,11 @@ efault_only() {
               for (i = 1; i <= n; i++) print failed[i] }' "$1"
 }
 
+# The failures block of a cargo test log (what failed and why), else its tail.
+show_failures() {
+    grep -E -A40 '^failures:$' "$1" | head -120 || tail -40 "$1"
+}
+
 run_under() {
     local cpu=$1; shift
     local runner="qemu-aarch64 -cpu $cpu"
@@ -120,11 +125,11 @@ run_under() {
             return 0
         fi
         echo "the rerun alone failed too:"
-        grep -E -A40 '^failures:$' "$rerun_log" | head -120 || tail -40 "$rerun_log"
+        show_failures "$rerun_log"
         rm -f "$rerun_log"
     fi
     if ((rc)); then
-        grep -E -A40 '^failures:$' "$log" | head -120 || tail -40 "$log"
+        show_failures "$log"
     fi
     grep -E '^test result|^ *Running ' "$log" || tail -20 "$log"
     rm -f "$log"

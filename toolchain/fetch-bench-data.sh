@@ -66,18 +66,21 @@ fetch_deb() {
   fi
   echo "$deb"
 }
+# Extracts DEB into data/debs/PKG afresh (no leftovers of an earlier try).
+unpack() {
+  rm -rf "data/debs/$2"
+  dpkg-deb -x "$1" "data/debs/$2"
+}
 grep -v '^#' toolchain/bench-sources.sha256 | while read -r sum pkgver path; do
   pkg=${pkgver%%=*}
   file=data/debs/$pkg/$path
   if [ ! -f "$file" ]; then
     deb=$(fetch_deb "$pkgver")
-    rm -rf "data/debs/$pkg"
-    if ! dpkg-deb -x "$deb" "data/debs/$pkg" 2>/dev/null || [ "$(sha256sum "$file" 2>/dev/null | cut -d' ' -f1)" != "$sum" ]; then
+    if ! unpack "$deb" "$pkg" 2>/dev/null || [ "$(sha256sum "$file" 2>/dev/null | cut -d' ' -f1)" != "$sum" ]; then
       echo "fetch-bench-data: $deb is damaged or does not hold $path with the pinned sha256; downloading it again" >&2
       rm -f "$deb"
       deb=$(fetch_deb "$pkgver")
-      rm -rf "data/debs/$pkg"
-      dpkg-deb -x "$deb" "data/debs/$pkg"
+      unpack "$deb" "$pkg"
     fi
   fi
   got=$(sha256sum "$file" | cut -d' ' -f1)
